@@ -1,0 +1,233 @@
+//! In-process engine: the embedded default (`memory://`), for local runs, doc examples and tests.
+//!
+//! Same semantics as the Redis backend within one process: leases expire (on tokio's clock, so
+//! tests can pause it), fences strictly increase, a holder's remaining TTL is reported when
+//! busy. Waiters are woken by the runtime itself, since every holder is local.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Attempt, Backend, BoxFuture, Released, Renewal};
+use crate::LockError;
+
+/// Expired entries are swept every this many fresh acquisitions.
+const SWEEP_EVERY: u64 = 1024;
+
+#[derive(Debug)]
+struct Entry {
+    owner: String,
+    count: u64,
+    fence: u64,
+    expires: Instant,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    locks: HashMap<String, Entry>,
+    /// One counter for every key: strictly increasing per key, and no per-key state to leak.
+    fence: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct MemoryBackend {
+    state: Mutex<State>,
+}
+
+impl MemoryBackend {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave `State` half-updated (every update is a
+        // single map operation), so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The live entry for `key`, dropping it when its lease has run out.
+    fn live<'s>(state: &'s mut State, key: &str, now: Instant) -> Option<&'s mut Entry> {
+        if state.locks.get(key).is_some_and(|e| e.expires <= now) {
+            state.locks.remove(key);
+        }
+        state.locks.get_mut(key)
+    }
+
+    fn acquire_now(&self, key: &str, owner: &str, lease: Duration) -> Attempt {
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(entry) = Self::live(&mut state, key, now) {
+            if entry.owner == owner {
+                entry.count += 1;
+                entry.expires = now + lease;
+                return Attempt::Acquired {
+                    fence: Some(entry.fence),
+                };
+            }
+            return Attempt::Busy {
+                ttl: Some(entry.expires.saturating_duration_since(now)),
+            };
+        }
+        state.fence += 1;
+        let fence = state.fence;
+        if fence % SWEEP_EVERY == 0 {
+            state.locks.retain(|_, e| e.expires > now);
+        }
+        state.locks.insert(
+            key.to_owned(),
+            Entry {
+                owner: owner.to_owned(),
+                count: 1,
+                fence,
+                expires: now + lease,
+            },
+        );
+        Attempt::Acquired { fence: Some(fence) }
+    }
+
+    fn release_now(&self, key: &str, owner: &str) -> Released {
+        let now = Instant::now();
+        let mut state = self.state();
+        match Self::live(&mut state, key, now) {
+            Some(entry) if entry.owner == owner => {
+                entry.count -= 1;
+                if entry.count > 0 {
+                    return Released::StillHeld;
+                }
+                state.locks.remove(key);
+                Released::Freed
+            }
+            _ => Released::NotOwner,
+        }
+    }
+
+    fn renew_now(&self, batch: &[Renewal]) -> Vec<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        batch
+            .iter()
+            .map(|r| match Self::live(&mut state, &r.key, now) {
+                Some(entry) if entry.owner == r.owner => {
+                    entry.expires = now + r.lease;
+                    true
+                }
+                _ => false,
+            })
+            .collect()
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        let attempt = self.acquire_now(key, owner, lease);
+        Box::pin(async move { Ok(attempt) })
+    }
+
+    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, LockError>> {
+        let renewed = self.renew_now(batch);
+        Box::pin(async move { Ok(renewed) })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        let released = self.release_now(key, owner);
+        Box::pin(async move { Ok(released) })
+    }
+
+    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let existed = Self::live(&mut state, key, now).is_some();
+        state.locks.remove(key);
+        Box::pin(async move { Ok(existed) })
+    }
+
+    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+        let now = Instant::now();
+        let locked = Self::live(&mut self.state(), key, now).is_some();
+        Box::pin(async move { Ok(locked) })
+    }
+
+    fn watch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
+        // Every holder is in this process: the runtime wakes waiters on release itself.
+        Box::pin(async { Ok(()) })
+    }
+
+    fn unwatch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn renew_batch_limit(&self) -> usize {
+        usize::MAX
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn lease_expires_on_the_tokio_clock() {
+        let m = MemoryBackend::new();
+        assert!(matches!(m.acquire_now("k", "a", LEASE), Attempt::Acquired { .. }));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(
+            m.acquire_now("k", "b", LEASE),
+            Attempt::Busy {
+                ttl: Some(Duration::from_secs(6))
+            }
+        );
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(matches!(m.acquire_now("k", "b", LEASE), Attempt::Acquired { .. }));
+        assert_eq!(m.release_now("k", "a"), Released::NotOwner);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reentry_counts_holds_and_keeps_the_fence() {
+        let m = MemoryBackend::new();
+        let Attempt::Acquired { fence: f1 } = m.acquire_now("k", "a", LEASE) else {
+            panic!("first acquire must succeed");
+        };
+        assert_eq!(m.acquire_now("k", "a", LEASE), Attempt::Acquired { fence: f1 });
+        assert_eq!(m.release_now("k", "a"), Released::StillHeld);
+        assert_eq!(m.release_now("k", "a"), Released::Freed);
+        let Attempt::Acquired { fence: f2 } = m.acquire_now("k", "b", LEASE) else {
+            panic!("free key must be acquired");
+        };
+        assert!(f2 > f1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renew_is_owner_checked() {
+        let m = MemoryBackend::new();
+        m.acquire_now("k", "a", LEASE);
+        let batch = [
+            Renewal {
+                key: "k".into(),
+                owner: "a".into(),
+                lease: LEASE,
+            },
+            Renewal {
+                key: "k".into(),
+                owner: "z".into(),
+                lease: LEASE,
+            },
+        ];
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(m.renew_now(&batch), vec![true, false]);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert!(matches!(m.acquire_now("k", "b", LEASE), Attempt::Busy { .. }));
+    }
+}

@@ -1,0 +1,87 @@
+//! Engines behind one trait.
+//!
+//! A backend does one attempt per call and never sleeps: try-acquire, renew, release, and
+//! "tell the runtime when this key may be free". Deadlines, retries, renewal timing,
+//! reentrancy and cleanup belong to the runtime (deadpool's split between manager and pool).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::LockError;
+
+pub(crate) mod memory;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+
+/// A boxed, `Send` future borrowed from the backend: the runtime erases the type once here so
+/// that a `Runtime` can be stored in a global.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The answer to one acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// The lock is ours; `fence` is the fencing token (`None` where the engine cannot give one).
+    Acquired { fence: Option<u64> },
+    /// Somebody else holds it; `ttl` is the holder's remaining lease when the engine knows it.
+    Busy { ttl: Option<Duration> },
+}
+
+/// One lock to renew in a batch.
+#[derive(Debug, Clone)]
+pub(crate) struct Renewal {
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) lease: Duration,
+}
+
+/// The answer to a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// The hold count reached zero: the key is free and waiters were told.
+    Freed,
+    /// We are still the owner with a positive hold count.
+    StillHeld,
+    /// The key is not ours (expired, deleted, or taken by someone else).
+    NotOwner,
+}
+
+/// One engine.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// One acquire attempt for `owner`, writing `lease` as the TTL.
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
+
+    /// Renews every lock in `batch` (owner-checked); one `bool` per item, `false` when the
+    /// lock is no longer ours.
+    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, LockError>>;
+
+    /// Owner-checked release of one hold.
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>>;
+
+    /// Deletes the lock whoever holds it; `true` when there was one.
+    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
+
+    /// Whether anybody holds the key now.
+    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
+
+    /// Starts delivering "may be free" notifications for `key` to the runtime's wait hub.
+    /// Resolves once notifications flow (a release after this point is not missed).
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
+
+    /// Stops the notifications started by [`Backend::watch`].
+    fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
+
+    /// Renewal batch size the engine handles in one call.
+    fn renew_batch_limit(&self) -> usize {
+        512
+    }
+}

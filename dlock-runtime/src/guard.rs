@@ -1,0 +1,182 @@
+//! The held lock: fence, lost signal, release (awaited or from `Drop`).
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::LockError;
+use crate::backend::Released;
+use crate::lock::{Chain, release_in_background};
+use crate::runtime::Core;
+use crate::watchdog::LostSignal;
+
+/// One acquisition in the engine, shared by the guards of its reentrant holds.
+pub(crate) struct Held {
+    pub(crate) core: Arc<Core>,
+    pub(crate) key: String,
+    owner: String,
+    pub(crate) fence: Option<u64>,
+    pub(crate) lost: Arc<LostSignal>,
+    watchdog_id: u64,
+    /// Live guards; the last one out releases in the engine. Zero means released (or being
+    /// released): nobody may re-enter then.
+    holds: Mutex<usize>,
+}
+
+impl Held {
+    pub(crate) fn new(
+        core: &Arc<Core>,
+        key: String,
+        owner: String,
+        fence: Option<u64>,
+        lease: Duration,
+        renew: bool,
+        sent_at: Instant,
+    ) -> Arc<Self> {
+        let (watchdog_id, lost) = core.watchdog.register(&key, &owner, lease, renew, sent_at);
+        Arc::new(Self {
+            core: core.clone(),
+            key,
+            owner,
+            fence,
+            lost,
+            watchdog_id,
+            holds: Mutex::new(1),
+        })
+    }
+
+    /// Adds a reentrant hold; `false` when the lock is already released.
+    pub(crate) fn add_hold(&self) -> bool {
+        let mut holds = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
+        if *holds == 0 {
+            return false;
+        }
+        *holds += 1;
+        true
+    }
+
+    /// Drops one hold; `true` when it was the last (the caller releases in the engine).
+    pub(crate) fn drop_hold(&self) -> bool {
+        let mut holds = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
+        *holds = holds.saturating_sub(1);
+        *holds == 0
+    }
+}
+
+/// A held distributed lock.
+///
+/// Released by [`release`](LockGuard::release) (awaited, reports errors) or, if dropped
+/// without it (early return, panic, cancellation), by a release scheduled on the runtime's
+/// tokio handle right away, so the next waiter gets the lock within milliseconds rather than
+/// after the lease.
+///
+/// Guards of reentrant acquisitions share one hold in the engine: only the last one out
+/// releases it.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    held: Arc<Held>,
+    chain: Option<Chain>,
+    active: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.held.key)
+            .field("fence", &self.held.fence)
+            .field("lost", &self.held.lost.is_lost())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(held: Arc<Held>, chain: Option<Chain>) -> Self {
+        Self {
+            held,
+            chain,
+            active: true,
+        }
+    }
+
+    /// The key (without the runtime's prefix).
+    pub fn key(&self) -> &str {
+        &self.held.key
+    }
+
+    /// The fencing token: greater than the token of every earlier holder of this key. Give it
+    /// to the storage you write to, so that it can reject a stale holder. Reentrant guards
+    /// carry the outer token. `None` only where the engine cannot guarantee the order.
+    pub fn fence(&self) -> Option<u64> {
+        self.held.fence
+    }
+
+    /// Resolves when the lease is known lost: the engine says the lock is no longer ours, or
+    /// the lease ran out on the local clock without a confirmed renewal (with
+    /// `watchdog(false)`: when the lease ends). Never resolves while the lock is safely held.
+    pub async fn lost(&self) {
+        self.held.lost.wait().await;
+    }
+
+    /// Whether the lease is known lost.
+    pub fn is_lost(&self) -> bool {
+        self.held.lost.is_lost()
+    }
+
+    /// Releases this hold and waits for the engine's answer.
+    ///
+    /// Errors: [`LockError::Lost`] when the lease had been lost (the engine no longer had the
+    /// lock as ours); [`LockError::Backend`] when the engine did not answer (the lock then
+    /// expires with its lease).
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.active = false;
+        let held = self.held.clone();
+        if !self.leave() {
+            return if held.lost.is_lost() {
+                Err(LockError::Lost { key: held.key.clone() })
+            } else {
+                Ok(())
+            };
+        }
+        let core = &held.core;
+        match core.backend.release(&held.key, &held.owner).await {
+            Ok(Released::Freed) => {
+                core.hub.wake(&held.key);
+                Ok(())
+            }
+            Ok(Released::StillHeld) => Ok(()),
+            Ok(Released::NotOwner) => Err(LockError::Lost {
+                key: held.key.clone(),
+            }),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Drops this guard's hold; `true` when it was the last (the engine must be told).
+    fn leave(&mut self) -> bool {
+        if let Some(chain) = &self.chain {
+            chain.remove(&self.held);
+        }
+        let last = self.held.drop_hold();
+        if last {
+            self.held.core.watchdog.unregister(self.held.watchdog_id);
+        }
+        last
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.active {
+            self.active = false;
+            if self.leave() {
+                release_in_background(
+                    self.held.core.clone(),
+                    self.held.key.clone(),
+                    self.held.owner.clone(),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! The runtime: configured once at startup, installed process-wide, overridable per task.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+
+use crate::LockError;
+use crate::backend::Backend;
+use crate::backend::memory::MemoryBackend;
+use crate::lock::LockBuilder;
+use crate::wait::WaitHub;
+use crate::watchdog::Watchdog;
+
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "dlock:";
+/// Default lease: 30 s.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default bound on one engine call and on connecting: 3 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest lease accepted (one year); longer is [`LockError::InvalidConfig`].
+pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+static GLOBAL: OnceLock<Runtime> = OnceLock::new();
+
+tokio::task_local! {
+    static SCOPED: Runtime;
+}
+
+/// A configured lock engine plus the policy around it: waiting, renewal, reentrancy, cleanup.
+///
+/// Cheap to clone (one `Arc`). Build one at startup and [`install`](Runtime::install) it, or
+/// pass it explicitly with [`Runtime::lock`], or override the global for one task tree with
+/// [`Runtime::scope`].
+///
+/// The runtime's background work (renewals, subscriptions, releases scheduled from `Drop`)
+/// runs on the tokio runtime that called [`RuntimeBuilder::build`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use dlock_runtime::Runtime;
+///
+/// let rt = Runtime::builder()
+///     .memory()                       // or .redis("redis://127.0.0.1:6379")
+///     .key_prefix("shop:")
+///     .default_lease(Duration::from_secs(10))
+///     .build()
+///     .await?;
+/// let guard = rt.lock("stock:42").acquire().await?;
+/// assert!(guard.fence().is_some());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) core: Arc<Core>,
+}
+
+pub(crate) struct Core {
+    /// Random id: names this runtime's own release messages, and scopes reentrancy.
+    pub(crate) id: u64,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) hub: Arc<WaitHub>,
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) handle: Handle,
+    pub(crate) prefix: String,
+    pub(crate) default_lease: Duration,
+    pub(crate) default_wait: Duration,
+    engine: &'static str,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.watchdog.close();
+    }
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("engine", &self.core.engine)
+            .field("key_prefix", &self.core.prefix)
+            .field("default_lease", &self.core.default_lease)
+            .field("default_wait", &self.core.default_wait)
+            .field("held", &self.core.watchdog.len())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Starts configuring a runtime.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// Builds a runtime from a URL:
+    ///
+    /// | URL | engine |
+    /// |---|---|
+    /// | `redis://host:port[/db]`, `rediss://…` (feature `tls`) | one Redis server |
+    /// | `memory://` | in-process (embedded default) |
+    ///
+    /// Query parameters set runtime options: `prefix=…`, `lease=30s`, `wait=1s`,
+    /// `timeout=3s` (durations as `250ms`, `30s`, `2m`, `1h`). Other parameters go to the
+    /// engine's client (for Redis, e.g. `protocol`, `db`). An unknown scheme or a malformed
+    /// option is [`LockError::InvalidConfig`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// let rt = dlock_runtime::Runtime::from_url("memory://?prefix=app:&lease=10s").await?;
+    /// assert_eq!(rt.key_prefix(), "app:");
+    /// assert!(dlock_runtime::Runtime::from_url("http://localhost").await.unwrap_err().is_invalid_config());
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_url(url: &str) -> Result<Runtime, LockError> {
+        RuntimeBuilder::default().url(url)?.build().await
+    }
+
+    /// Builds a runtime from the `DLOCK_URL` environment variable; when it is unset, the
+    /// in-process `memory://` engine, with one warning log line (locks then exclude only
+    /// within this process).
+    pub async fn from_env() -> Result<Runtime, LockError> {
+        match std::env::var("DLOCK_URL") {
+            Ok(url) if !url.trim().is_empty() => Self::from_url(url.trim()).await,
+            _ => {
+                tracing::warn!(
+                    "DLOCK_URL is not set: using the in-process memory:// lock engine; locks exclude only within this process"
+                );
+                Self::from_url("memory://").await
+            }
+        }
+    }
+
+    /// Installs this runtime as the process-wide default used by [`lock`](crate::lock), the
+    /// attribute and [`with_lock`](crate::with_lock). A second call returns
+    /// [`LockError::AlreadyInstalled`].
+    pub fn install(self) -> Result<(), LockError> {
+        GLOBAL.set(self).map_err(|_| LockError::AlreadyInstalled)
+    }
+
+    /// The runtime in effect here: the innermost [`scope`](Runtime::scope), else the installed
+    /// one, else [`LockError::NotInstalled`].
+    pub fn current() -> Result<Runtime, LockError> {
+        SCOPED
+            .try_with(Runtime::clone)
+            .ok()
+            .or_else(|| GLOBAL.get().cloned())
+            .ok_or(LockError::NotInstalled)
+    }
+
+    /// Runs `fut` with this runtime as the current one (a task-local override of the installed
+    /// runtime: tests, multi-tenant services). Tasks spawned inside do not inherit it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+    /// rt.scope(async {
+    ///     let guard = dlock_runtime::lock("job:nightly").acquire().await?;
+    ///     guard.release().await
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
+        SCOPED.scope(self.clone(), fut).await
+    }
+
+    /// A lock on `key` in this runtime (see [`LockBuilder`]).
+    pub fn lock(&self, key: impl Into<String>) -> LockBuilder {
+        LockBuilder::new(Some(self.clone()), key.into())
+    }
+
+    /// Deletes the lock on `key` whoever holds it and wakes its waiters; `true` when it was
+    /// held. The holder finds out at its next renewal (its `lost()` resolves). This is the only
+    /// operation that is not owner-checked: an operator's tool, not a way to release.
+    pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        let existed = self.core.backend.force_unlock(key).await?;
+        self.core.hub.wake(key);
+        Ok(existed)
+    }
+
+    /// Whether anybody holds `key` now (a snapshot, for monitoring: never decide to enter a
+    /// critical section on it).
+    pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        self.core.backend.is_locked(key).await
+    }
+
+    /// The prefix put in front of every key in the engine.
+    pub fn key_prefix(&self) -> &str {
+        &self.core.prefix
+    }
+
+    /// The engine's name: `"redis"`, `"memory"`.
+    pub fn engine(&self) -> &'static str {
+        self.core.engine
+    }
+
+    /// Number of locks this runtime holds now (tracked by its watchdog).
+    pub fn held_count(&self) -> usize {
+        self.core.watchdog.len()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Engine {
+    Unset,
+    Memory,
+    Redis(String),
+}
+
+/// Configures a [`Runtime`]; see [`Runtime::builder`].
+#[derive(Debug, Clone)]
+pub struct RuntimeBuilder {
+    engine: Engine,
+    prefix: String,
+    default_lease: Duration,
+    default_wait: Duration,
+    timeout: Duration,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        Self {
+            engine: Engine::Unset,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            default_lease: DEFAULT_LEASE,
+            default_wait: Duration::ZERO,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// One Redis server: `redis://[user:password@]host:port[/db]`, or `rediss://` (feature
+    /// `tls`). Needs Redis 6 or newer (RESP3 pushes carry the release notifications).
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.engine = Engine::Redis(url.into());
+        self
+    }
+
+    /// The in-process engine: locks exclude within this process only. The embedded default
+    /// for local runs and tests.
+    pub fn memory(mut self) -> Self {
+        self.engine = Engine::Memory;
+        self
+    }
+
+    /// Prefix of every engine key (default `"dlock:"`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Lease of locks that do not set one (default 30 s).
+    pub fn default_lease(mut self, lease: Duration) -> Self {
+        self.default_lease = lease;
+        self
+    }
+
+    /// Wait budget of locks that do not set one (default zero: one attempt).
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
+    /// Bound on connecting and on each engine call (default 3 s): an engine that is down is a
+    /// [`LockError::Backend`] within about this long, never a hang.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Applies a URL (see [`Runtime::from_url`]).
+    fn url(mut self, url: &str) -> Result<Self, LockError> {
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            LockError::config(format!(
+                "`{url}` is not a lock URL; expected e.g. redis://host:port or memory://"
+            ))
+        })?;
+        let (base, query) = match rest.split_once('?') {
+            Some((base, query)) => (base, Some(query)),
+            None => (rest, None),
+        };
+        let mut engine_params = Vec::new();
+        for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let duration = || {
+                crate::duration::parse(value).ok_or_else(|| {
+                    LockError::config(format!(
+                        "invalid duration `{value}` for `{name}` in `{url}`: expected e.g. 250ms, 30s, 2m, 1h"
+                    ))
+                })
+            };
+            match name {
+                "prefix" => self.prefix = value.to_owned(),
+                "lease" => self.default_lease = duration()?,
+                "wait" => self.default_wait = duration()?,
+                "timeout" => self.timeout = duration()?,
+                _ => engine_params.push(pair),
+            }
+        }
+        self.engine = match scheme {
+            "memory" => {
+                if !base.is_empty() || !engine_params.is_empty() {
+                    return Err(LockError::config(format!(
+                        "`{url}`: memory:// takes no host and only the prefix, lease, wait and timeout options"
+                    )));
+                }
+                Engine::Memory
+            }
+            "redis" | "rediss" => {
+                let mut redis_url = format!("{scheme}://{base}");
+                if !engine_params.is_empty() {
+                    redis_url.push('?');
+                    redis_url.push_str(&engine_params.join("&"));
+                }
+                Engine::Redis(redis_url)
+            }
+            other => {
+                return Err(LockError::config(format!(
+                    "unsupported scheme `{other}` in `{url}`; expected one of redis, rediss, memory"
+                )));
+            }
+        };
+        Ok(self)
+    }
+
+    /// Connects and starts the runtime's background work on the current tokio runtime.
+    ///
+    /// Errors: [`LockError::InvalidConfig`] for a bad option or URL or when no engine was
+    /// chosen; [`LockError::Backend`] when the engine cannot be reached within the timeout.
+    pub async fn build(self) -> Result<Runtime, LockError> {
+        let handle = Handle::try_current().map_err(|_| {
+            LockError::config("a lock runtime must be built inside a tokio runtime")
+        })?;
+        validate_lease(self.default_lease, "default lease")?;
+        if self.timeout.is_zero() {
+            return Err(LockError::config("timeout must be greater than zero"));
+        }
+        let id: u64 = rand::random();
+        let (hub, ops) = WaitHub::new();
+        let (backend, engine): (Arc<dyn Backend>, &'static str) = match self.engine {
+            Engine::Unset => {
+                return Err(LockError::config(
+                    "no lock engine chosen: call .redis(url) or .memory() on the builder, or use Runtime::from_url",
+                ));
+            }
+            Engine::Memory => (Arc::new(MemoryBackend::new()), "memory"),
+            #[cfg(feature = "redis")]
+            Engine::Redis(url) => {
+                if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+                    return Err(LockError::config(format!(
+                        "`{url}` needs TLS: enable the `tls` feature of dlock-runtime"
+                    )));
+                }
+                let backend = crate::backend::redis::RedisBackend::connect(
+                    &url,
+                    self.prefix.clone(),
+                    hub.clone(),
+                    format!("{id:016x}"),
+                    self.timeout,
+                )
+                .await?;
+                (Arc::new(backend), "redis")
+            }
+            #[cfg(not(feature = "redis"))]
+            Engine::Redis(url) => {
+                return Err(LockError::config(format!(
+                    "`{url}` needs the `redis` feature of dlock-runtime"
+                )));
+            }
+        };
+        let watchdog = Arc::new(Watchdog::default());
+        handle.spawn(WaitHub::run_subscriptions(ops, Arc::downgrade(&backend)));
+        handle.spawn(
+            watchdog
+                .clone()
+                .run(Arc::downgrade(&backend), backend.renew_batch_limit()),
+        );
+        Ok(Runtime {
+            core: Arc::new(Core {
+                id,
+                backend,
+                hub,
+                watchdog,
+                handle,
+                prefix: self.prefix,
+                default_lease: self.default_lease,
+                default_wait: self.default_wait,
+                engine,
+            }),
+        })
+    }
+}
+
+/// A lease must be positive and at most [`MAX_LEASE`].
+pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockError> {
+    if lease.is_zero() {
+        return Err(LockError::config(format!("{what} must be greater than zero")));
+    }
+    if lease > MAX_LEASE {
+        return Err(LockError::config(format!(
+            "{what} of {lease:?} is longer than the maximum of one year"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn urls_are_checked() {
+        for bad in [
+            "localhost:6379",
+            "http://localhost",
+            "memory://host",
+            "memory://?bogus=1",
+            "memory://?lease=10x",
+            "memory://?lease=0s",
+            "redis://127.0.0.1:1?timeout=forever",
+        ] {
+            let err = Runtime::from_url(bad).await.expect_err(bad);
+            assert!(err.is_invalid_config(), "{bad}: {err}");
+        }
+        let rt = Runtime::from_url("memory://?prefix=x:&lease=2s&wait=5ms")
+            .await
+            .expect("valid memory url");
+        assert_eq!(rt.key_prefix(), "x:");
+        assert_eq!(rt.core.default_lease, Duration::from_secs(2));
+        assert_eq!(rt.core.default_wait, Duration::from_millis(5));
+    }
+
+    #[tokio::test]
+    async fn builder_needs_an_engine() {
+        let err = Runtime::builder().build().await.expect_err("no engine");
+        assert!(err.is_invalid_config());
+        assert!(err.to_string().contains("no lock engine chosen"));
+    }
+
+    #[tokio::test]
+    async fn scope_overrides_and_current_is_not_installed_outside() {
+        // No global is installed in unit tests.
+        assert!(matches!(Runtime::current(), Err(LockError::NotInstalled)));
+        let rt = Runtime::from_url("memory://?prefix=scoped:")
+            .await
+            .expect("memory");
+        let prefix = rt
+            .scope(async { Runtime::current().map(|r| r.key_prefix().to_owned()) })
+            .await
+            .expect("scoped runtime is current");
+        assert_eq!(prefix, "scoped:");
+    }
+}

@@ -1,0 +1,223 @@
+//! Waiting by notification, without a herd.
+//!
+//! Waiters in one process for one key queue locally ([`KeyQueue::turn`], a FIFO async mutex):
+//! only the waiter at the head contends with the engine, so a release wakes one local waiter,
+//! not all. The engine's "may be free" notifications (Redis pub/sub, in-process release) reach
+//! [`WaitHub::wake`], which wakes that head waiter. Subscriptions are reference-counted per key
+//! and changed by one task in order, so a subscribe can never be overtaken by an older
+//! unsubscribe of the same key.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use crate::LockError;
+use crate::backend::Backend;
+
+/// The local queue of one key.
+#[derive(Debug)]
+pub(crate) struct KeyQueue {
+    key: String,
+    /// Held by the one waiter of this process that contends with the engine.
+    pub(crate) turn: tokio::sync::Mutex<()>,
+    /// Woken (all registered, i.e. the head waiter) when the key may be free.
+    pub(crate) freed: Notify,
+    /// Set by the subscription task once the engine delivers notifications for the key.
+    watched: AtomicBool,
+}
+
+enum SubOp {
+    Watch(Arc<KeyQueue>, oneshot::Sender<Result<(), LockError>>),
+    Done(Arc<KeyQueue>),
+}
+
+#[derive(Debug)]
+pub(crate) struct WaitHub {
+    /// Key -> (queue, number of waiters holding a ticket).
+    queues: Mutex<HashMap<String, (Arc<KeyQueue>, usize)>>,
+    ops: mpsc::UnboundedSender<SubOp>,
+}
+
+impl std::fmt::Debug for SubOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Watch(q, _) => write!(f, "Watch({})", q.key),
+            Self::Done(q) => write!(f, "Done({})", q.key),
+        }
+    }
+}
+
+impl WaitHub {
+    /// A hub and the receiving end its subscription task reads (see [`WaitHub::run_subscriptions`]).
+    pub(crate) fn new() -> (Arc<Self>, SubscriptionOps) {
+        let (ops, rx) = mpsc::unbounded_channel();
+        let hub = Arc::new(Self {
+            queues: Mutex::new(HashMap::new()),
+            ops,
+        });
+        (hub, SubscriptionOps(rx))
+    }
+
+    fn queues(&self) -> MutexGuard<'_, HashMap<String, (Arc<KeyQueue>, usize)>> {
+        // Map operations cannot be interrupted half-way, so a poisoned lock is consistent.
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether some waiter of this process is queued on `key` (newcomers then queue behind it
+    /// instead of barging in).
+    pub(crate) fn has_waiters(&self, key: &str) -> bool {
+        self.queues().contains_key(key)
+    }
+
+    /// Joins the local queue of `key`.
+    pub(crate) fn join(self: &Arc<Self>, key: &str) -> Ticket {
+        let queue = match self.queues().entry(key.to_owned()) {
+            Entry::Occupied(mut e) => {
+                e.get_mut().1 += 1;
+                e.get().0.clone()
+            }
+            Entry::Vacant(e) => {
+                let queue = Arc::new(KeyQueue {
+                    key: key.to_owned(),
+                    turn: tokio::sync::Mutex::new(()),
+                    freed: Notify::new(),
+                    watched: AtomicBool::new(false),
+                });
+                e.insert((queue.clone(), 1));
+                queue
+            }
+        };
+        Ticket {
+            hub: self.clone(),
+            queue,
+        }
+    }
+
+    /// The key may be free: wake its head waiter.
+    pub(crate) fn wake(&self, key: &str) {
+        if let Some((queue, _)) = self.queues().get(key) {
+            queue.freed.notify_waiters();
+        }
+    }
+
+    /// Notifications may have been missed (a reconnect): every head waiter retries.
+    pub(crate) fn wake_all(&self) {
+        for (queue, _) in self.queues().values() {
+            queue.freed.notify_waiters();
+        }
+    }
+
+    /// Applies subscription changes in order. Runs as a task until the hub is dropped; holds the
+    /// backend weakly so the runtime's drop ends it.
+    pub(crate) async fn run_subscriptions(mut ops: SubscriptionOps, backend: Weak<dyn Backend>) {
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        while let Some(op) = ops.0.recv().await {
+            let Some(backend) = backend.upgrade() else {
+                return;
+            };
+            match op {
+                SubOp::Watch(queue, ack) => {
+                    if queue.watched.load(Ordering::Acquire) {
+                        let _ = ack.send(Ok(()));
+                        continue;
+                    }
+                    let count = counts.entry(queue.key.clone()).or_insert(0);
+                    let result = if *count == 0 {
+                        backend.watch(&queue.key).await
+                    } else {
+                        Ok(())
+                    };
+                    if result.is_ok() {
+                        *count += 1;
+                        queue.watched.store(true, Ordering::Release);
+                    } else if *count == 0 {
+                        counts.remove(&queue.key);
+                    }
+                    let _ = ack.send(result);
+                }
+                SubOp::Done(queue) => {
+                    if !queue.watched.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    if let Some(count) = counts.get_mut(&queue.key) {
+                        *count -= 1;
+                        if *count == 0 {
+                            counts.remove(&queue.key);
+                            if let Err(err) = backend.unwatch(&queue.key).await {
+                                tracing::debug!(key = %queue.key, error = %err, "unsubscribe failed");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The receiving end of the hub's subscription changes.
+#[derive(Debug)]
+pub(crate) struct SubscriptionOps(mpsc::UnboundedReceiver<SubOp>);
+
+/// A waiter's place in the local queue of one key; leaving (drop) unsubscribes the key when it
+/// was the last waiter.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    hub: Arc<WaitHub>,
+    queue: Arc<KeyQueue>,
+}
+
+impl Ticket {
+    pub(crate) fn queue(&self) -> &KeyQueue {
+        &self.queue
+    }
+
+    /// Makes sure the engine delivers notifications for this key before the next attempt.
+    pub(crate) async fn ensure_watched(&self) -> Result<(), LockError> {
+        if self.queue.watched.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (ack, done) = oneshot::channel();
+        if self
+            .hub
+            .ops
+            .send(SubOp::Watch(self.queue.clone(), ack))
+            .is_err()
+        {
+            return Err(LockError::backend(
+                Some(&self.queue.key),
+                "the runtime's subscription task has stopped",
+                None,
+            ));
+        }
+        done.await.unwrap_or_else(|_| {
+            Err(LockError::backend(
+                Some(&self.queue.key),
+                "the runtime's subscription task has stopped",
+                None,
+            ))
+        })
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut queues = self.hub.queues();
+        let last = match queues.get_mut(&self.queue.key) {
+            Some((queue, users)) if Arc::ptr_eq(queue, &self.queue) => {
+                *users -= 1;
+                *users == 0
+            }
+            _ => false,
+        };
+        if last {
+            queues.remove(&self.queue.key);
+            drop(queues);
+            // Sent even when not watched: ordered after any Watch of this queue, so the task
+            // decides with the final `watched` state.
+            let _ = self.hub.ops.send(SubOp::Done(self.queue.clone()));
+        }
+    }
+}
