@@ -2,13 +2,14 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::LockError;
 use crate::backend::Released;
-use crate::lock::{Chain, release_in_background};
+use crate::lock::{leave_chain, release_in_background};
 use crate::runtime::Core;
 use crate::watchdog::LostSignal;
 
@@ -57,6 +58,11 @@ impl Held {
         true
     }
 
+    /// Whether some guard still holds it.
+    pub(crate) fn is_held(&self) -> bool {
+        *self.holds.lock().unwrap_or_else(PoisonError::into_inner) > 0
+    }
+
     /// Drops one hold; `true` when it was the last (the caller releases in the engine).
     pub(crate) fn drop_hold(&self) -> bool {
         let mut holds = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
@@ -77,7 +83,8 @@ impl Held {
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     held: Arc<Held>,
-    chain: Option<Chain>,
+    /// Registered in the call chain of the task that acquired it.
+    in_chain: bool,
     active: bool,
 }
 
@@ -92,12 +99,35 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(held: Arc<Held>, chain: Option<Chain>) -> Self {
+    pub(crate) fn new(held: Arc<Held>, in_chain: bool) -> Self {
         Self {
             held,
-            chain,
+            in_chain,
             active: true,
         }
+    }
+
+    /// Runs `fut` until it completes (`Some`) or the lease is known lost (`None`, `fut`
+    /// dropped). Watches the lost signal only once `fut` has to wait, so a body that completes
+    /// at once costs nothing extra.
+    pub(crate) async fn run_unless_lost<F: std::future::Future>(&self, fut: F) -> Option<F::Output> {
+        let signal = &self.held.lost;
+        tokio::pin!(fut);
+        let mut watching = None;
+        std::future::poll_fn(|cx| {
+            if signal.is_lost() {
+                return Poll::Ready(None);
+            }
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(out));
+            }
+            let lost = watching.get_or_insert_with(|| signal.watch());
+            if lost.as_mut().poll(cx).is_ready() || signal.is_lost() {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// The key (without the runtime's prefix).
@@ -146,17 +176,20 @@ impl LockGuard {
                 Ok(())
             }
             Ok(Released::StillHeld) => Ok(()),
-            Ok(Released::NotOwner) => Err(LockError::Lost {
-                key: held.key.clone(),
-            }),
+            Ok(Released::NotOwner) => {
+                core.hub.wake(&held.key);
+                Err(LockError::Lost {
+                    key: held.key.clone(),
+                })
+            }
             Err(err) => Err(err),
         }
     }
 
     /// Drops this guard's hold; `true` when it was the last (the engine must be told).
     fn leave(&mut self) -> bool {
-        if let Some(chain) = &self.chain {
-            chain.remove(&self.held);
+        if self.in_chain {
+            leave_chain(&self.held);
         }
         let last = self.held.drop_hold();
         if last {

@@ -2,7 +2,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -150,24 +151,30 @@ impl LockBuilder {
         validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
         let wait = self.wait.unwrap_or(core.default_wait);
 
-        let chain = Chain::current();
-        if let Some(chain) = &chain {
-            if let Some(held) = chain.find(core.id, &self.key) {
-                if held.add_hold() {
-                    if held.lost.is_lost() {
-                        held.drop_hold();
-                        return Err(LockError::Lost { key: self.key });
-                    }
-                    chain.push(held.clone());
-                    return Ok(LockGuard::new(held, Some(chain.clone())));
+        let in_chain = CHAIN.try_with(|_| ()).is_ok();
+        if in_chain {
+            let found = CHAIN.with(|c| {
+                c.borrow()
+                    .iter()
+                    .rev()
+                    .find(|h| h.core.id == core.id && h.key == self.key)
+                    .cloned()
+            });
+            if let Some(held) = found.filter(|h| h.add_hold()) {
+                if held.lost.is_lost() {
+                    held.drop_hold();
+                    return Err(LockError::Lost { key: self.key });
                 }
+                CHAIN.with(|c| c.borrow_mut().push(held.clone()));
+                return Ok(LockGuard::new(held, true));
             }
         }
         let held = acquire_fresh(&core, self.key, lease, wait, self.watchdog).await?;
-        if let Some(chain) = &chain {
-            chain.push(held.clone());
+        if in_chain {
+            // Still inside the same task-local scope after the await.
+            let _ = CHAIN.try_with(|c| c.borrow_mut().push(held.clone()));
         }
-        Ok(LockGuard::new(held, chain))
+        Ok(LockGuard::new(held, in_chain))
     }
 }
 
@@ -214,8 +221,8 @@ pub(crate) fn release_in_background(core: Arc<Core>, key: String, owner: String)
     let handle = core.handle.clone();
     handle.spawn(async move {
         match core.backend.release(&key, &owner).await {
-            Ok(Released::Freed) => core.hub.wake(&key),
-            Ok(_) => {}
+            Ok(Released::Freed | Released::NotOwner) => core.hub.wake(&key),
+            Ok(Released::StillHeld) => {}
             Err(err) => {
                 tracing::warn!(key = %key, error = %err, "background release failed; the lock expires with its lease");
             }
@@ -260,13 +267,25 @@ async fn acquire_fresh(
         Ok(Err(err)) => return Err(err),
         Err(_) => return Err(timeout(key)),
     }
+    let queue = ticket.queue();
     loop {
-        let freed = ticket.queue().freed.notified();
+        let freed = queue.freed.notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
+        // The previous head of this queue holds the key: its release wakes us, and an attempt
+        // now could only fail (no herd, no wasted round trip on a hot key).
+        if let Some(holder_lease) = queue.held_here() {
+            let until = (Instant::now() + holder_lease.min(FOREVER)).min(deadline);
+            tokio::select! {
+                _ = freed => {}
+                _ = tokio::time::sleep_until(until) => queue.clear_held(),
+            }
+            continue;
+        }
         let sent_at = Instant::now();
         match attempt(core, &key, &owner, lease).await? {
             Attempt::Acquired { fence } => {
+                queue.mark_held(lease);
                 return Ok(Held::new(core, key, owner, fence, lease, watchdog, sent_at));
             }
             Attempt::Busy { ttl } => {
@@ -286,49 +305,21 @@ async fn acquire_fresh(
     }
 }
 
-/// The locks held by one call chain (the dynamic extent of an annotated call or of
-/// [`with_lock`]), innermost last. Spawned tasks do not inherit it: another task is another
-/// owner.
-#[derive(Clone, Default)]
-pub(crate) struct Chain(Arc<Mutex<Vec<Arc<Held>>>>);
-
 tokio::task_local! {
-    static CHAIN: Chain;
+    /// The locks held by one call chain (the dynamic extent of an annotated call or of
+    /// [`with_lock`]), innermost last. Spawned tasks do not inherit it: another task is another
+    /// owner. No allocation until the first lock is held.
+    static CHAIN: RefCell<Vec<Arc<Held>>>;
 }
 
-impl Chain {
-    fn current() -> Option<Chain> {
-        CHAIN.try_with(Chain::clone).ok()
-    }
-
-    fn holds(&self) -> MutexGuard<'_, Vec<Arc<Held>>> {
-        // Vec push/remove cannot be interrupted half-way: a poisoned lock is consistent.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn find(&self, runtime: u64, key: &str) -> Option<Arc<Held>> {
-        self.holds()
-            .iter()
-            .rev()
-            .find(|h| h.core.id == runtime && h.key == key)
-            .cloned()
-    }
-
-    fn push(&self, held: Arc<Held>) {
-        self.holds().push(held);
-    }
-
-    /// Forgets the innermost occurrence of `held`.
-    pub(crate) fn remove(&self, held: &Arc<Held>) {
-        let mut holds = self.holds();
+/// Forgets the innermost occurrence of `held` in the current chain (no-op elsewhere).
+pub(crate) fn leave_chain(held: &Arc<Held>) {
+    let _ = CHAIN.try_with(|c| {
+        let mut holds = c.borrow_mut();
         if let Some(i) = holds.iter().rposition(|h| Arc::ptr_eq(h, held)) {
             holds.remove(i);
         }
-    }
-
-    fn innermost_fence(&self) -> Option<u64> {
-        self.holds().last().and_then(|h| h.fence)
-    }
+    });
 }
 
 /// Runs `fut` as a call chain: the outermost call creates it, nested ones join it.
@@ -336,7 +327,7 @@ pub(crate) async fn in_chain<F: Future>(fut: F) -> F::Output {
     if CHAIN.try_with(|_| ()).is_ok() {
         fut.await
     } else {
-        CHAIN.scope(Chain::default(), fut).await
+        CHAIN.scope(RefCell::new(Vec::new()), fut).await
     }
 }
 
@@ -357,7 +348,16 @@ pub(crate) async fn in_chain<F: Future>(fut: F) -> F::Output {
 /// # Ok(()) }
 /// ```
 pub fn current_fence() -> Option<u64> {
-    CHAIN.try_with(Chain::innermost_fence).ok().flatten()
+    CHAIN
+        .try_with(|c| {
+            c.borrow()
+                .iter()
+                .rev()
+                .find(|h| h.is_held())
+                .and_then(|h| h.fence)
+        })
+        .ok()
+        .flatten()
 }
 
 /// Runs `fut` while holding `lock`, releasing it on every exit path.
@@ -390,33 +390,29 @@ pub async fn with_lock<T>(
     lock: LockBuilder,
     fut: impl Future<Output = T>,
 ) -> Result<T, LockError> {
-    in_chain(async move {
-        let on_lost = lock.on_lost;
-        let guard = lock.acquire().await?;
-        let out = match on_lost {
-            OnLost::Cancel => {
-                tokio::pin!(fut);
-                tokio::select! {
-                    biased;
-                    _ = guard.lost() => {
-                        return Err(LockError::Lost { key: guard.key().to_owned() });
-                    }
-                    out = &mut fut => out,
-                }
+    in_chain(protected(lock, fut)).await
+}
+
+async fn protected<T>(lock: LockBuilder, fut: impl Future<Output = T>) -> Result<T, LockError> {
+    let on_lost = lock.on_lost;
+    let guard = lock.acquire().await?;
+    let out = match on_lost {
+        OnLost::Cancel => match guard.run_unless_lost(fut).await {
+            Some(out) => out,
+            None => {
+                return Err(LockError::Lost {
+                    key: guard.key().to_owned(),
+                });
             }
-            OnLost::Ignore => fut.await,
-        };
-        let key = guard.key().to_owned();
-        match guard.release().await {
-            Ok(()) => Ok(out),
-            Err(LockError::Lost { key }) if on_lost == OnLost::Cancel => {
-                Err(LockError::Lost { key })
-            }
-            Err(err) => {
-                tracing::warn!(key = %key, error = %err, "release after the protected code failed");
-                Ok(out)
-            }
+        },
+        OnLost::Ignore => fut.await,
+    };
+    match guard.release().await {
+        Ok(()) => Ok(out),
+        Err(LockError::Lost { key }) if on_lost == OnLost::Cancel => Err(LockError::Lost { key }),
+        Err(err) => {
+            tracing::warn!(error = %err, "release after the protected code failed");
+            Ok(out)
         }
-    })
-    .await
+    }
 }

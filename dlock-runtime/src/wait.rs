@@ -9,7 +9,8 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -27,6 +28,33 @@ pub(crate) struct KeyQueue {
     pub(crate) freed: Notify,
     /// Set by the subscription task once the engine delivers notifications for the key.
     watched: AtomicBool,
+    /// A waiter of this queue acquired the key and has not released it yet: the next head
+    /// waits for that local release instead of sending an attempt that must fail.
+    held_here: AtomicBool,
+    /// Lease (ms) of that local holder: bounds the wait if its release is never seen.
+    held_lease_ms: AtomicU64,
+}
+
+impl KeyQueue {
+    /// Records that a waiter of this queue now holds the key.
+    pub(crate) fn mark_held(&self, lease: Duration) {
+        let ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        self.held_lease_ms.store(ms, Ordering::Relaxed);
+        self.held_here.store(true, Ordering::Release);
+    }
+
+    /// If a waiter of this queue holds the key, its lease (the longest the head should wait
+    /// for its release).
+    pub(crate) fn held_here(&self) -> Option<Duration> {
+        self.held_here
+            .load(Ordering::Acquire)
+            .then(|| Duration::from_millis(self.held_lease_ms.load(Ordering::Relaxed)))
+    }
+
+    /// Forgets the local holder (its release was seen, or waiting for it timed out).
+    pub(crate) fn clear_held(&self) {
+        self.held_here.store(false, Ordering::Release);
+    }
 }
 
 enum SubOp {
@@ -85,6 +113,8 @@ impl WaitHub {
                     turn: tokio::sync::Mutex::new(()),
                     freed: Notify::new(),
                     watched: AtomicBool::new(false),
+                    held_here: AtomicBool::new(false),
+                    held_lease_ms: AtomicU64::new(0),
                 });
                 e.insert((queue.clone(), 1));
                 queue
@@ -99,6 +129,7 @@ impl WaitHub {
     /// The key may be free: wake its head waiter.
     pub(crate) fn wake(&self, key: &str) {
         if let Some((queue, _)) = self.queues().get(key) {
+            queue.clear_held();
             queue.freed.notify_waiters();
         }
     }
@@ -106,6 +137,7 @@ impl WaitHub {
     /// Notifications may have been missed (a reconnect): every head waiter retries.
     pub(crate) fn wake_all(&self) {
         for (queue, _) in self.queues().values() {
+            queue.clear_held();
             queue.freed.notify_waiters();
         }
     }

@@ -24,7 +24,7 @@ use crate::backend::{Backend, Renewal};
 #[derive(Debug, Default)]
 pub(crate) struct LostSignal {
     lost: AtomicBool,
-    notify: Notify,
+    notify: Arc<Notify>,
 }
 
 impl LostSignal {
@@ -35,6 +35,16 @@ impl LostSignal {
 
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
+    }
+
+    /// A registered waiter that resolves at the next `fire` (check [`is_lost`] after
+    /// registering to close the race with an earlier one).
+    ///
+    /// [`is_lost`]: LostSignal::is_lost
+    pub(crate) fn watch(&self) -> std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>> {
+        let mut notified = Box::pin(self.notify.clone().notified_owned());
+        notified.as_mut().enable();
+        notified
     }
 
     pub(crate) async fn wait(&self) {

@@ -114,7 +114,8 @@ impl RedisBackend {
         };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
+            // Each call is bounded by `timeout` in `RedisBackend::call` (one timer per call).
+            .set_response_timeout(None)
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500))
             .set_push_sender(on_push)

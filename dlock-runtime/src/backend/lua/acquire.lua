@@ -16,8 +16,8 @@ if owner == false then
   local now = redis.call('TIME')
   local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
   if fence < floor then
+    redis.call('INCRBY', KEYS[2], floor - fence)
     fence = floor
-    redis.call('SET', KEYS[2], string.format('%d', floor))
   end
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1, 'fence', fence)

@@ -6,10 +6,12 @@
 -- ARGV[3]  message: the releasing runtime's id (its own waiters were woken locally)
 --
 -- Returns 1 freed (deleted, published), 2 still held (hold count > 0), 0 not the owner.
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+local held = redis.call('HMGET', KEYS[1], 'owner', 'count')
+if held[1] ~= ARGV[1] then
   return 0
 end
-if redis.call('HINCRBY', KEYS[1], 'count', -1) > 0 then
+if tonumber(held[2]) > 1 then
+  redis.call('HINCRBY', KEYS[1], 'count', -1)
   return 2
 end
 redis.call('DEL', KEYS[1])
