@@ -34,7 +34,16 @@ mod tests {
 
     #[test]
     fn rejects_the_rest() {
-        for bad in ["", "30", "s", "30x", "-1s", "1.5s", "30 s", "99999999999999999999h"] {
+        for bad in [
+            "",
+            "30",
+            "s",
+            "30x",
+            "-1s",
+            "1.5s",
+            "30 s",
+            "99999999999999999999h",
+        ] {
             assert_eq!(parse(bad), None, "{bad}");
         }
     }

@@ -173,7 +173,12 @@ mod tests {
         );
         assert!(err.source().is_some());
         assert!(err.is_backend());
-        for e in [&lost, &err, &LockError::NotInstalled, &LockError::AlreadyInstalled] {
+        for e in [
+            &lost,
+            &err,
+            &LockError::NotInstalled,
+            &LockError::AlreadyInstalled,
+        ] {
             let first = e.to_string().chars().next().unwrap_or('x');
             assert!(first.is_lowercase(), "{e}");
         }

@@ -110,7 +110,10 @@ impl LockGuard {
     /// Runs `fut` until it completes (`Some`) or the lease is known lost (`None`, `fut`
     /// dropped). Watches the lost signal only once `fut` has to wait, so a body that completes
     /// at once costs nothing extra.
-    pub(crate) async fn run_unless_lost<F: std::future::Future>(&self, fut: F) -> Option<F::Output> {
+    pub(crate) async fn run_unless_lost<F: std::future::Future>(
+        &self,
+        fut: F,
+    ) -> Option<F::Output> {
         let signal = &self.held.lost;
         tokio::pin!(fut);
         let mut watching = None;
@@ -164,7 +167,9 @@ impl LockGuard {
         let held = self.held.clone();
         if !self.leave() {
             return if held.lost.is_lost() {
-                Err(LockError::Lost { key: held.key.clone() })
+                Err(LockError::Lost {
+                    key: held.key.clone(),
+                })
             } else {
                 Ok(())
             };

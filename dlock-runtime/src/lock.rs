@@ -1,8 +1,8 @@
 //! Acquiring: the lock builder, waiting, reentrancy within a call chain, and `with_lock`.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -151,23 +151,18 @@ impl LockBuilder {
         validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
         let wait = self.wait.unwrap_or(core.default_wait);
 
-        let in_chain = CHAIN.try_with(|_| ()).is_ok();
-        if in_chain {
-            let found = CHAIN.with(|c| {
-                c.borrow()
-                    .iter()
-                    .rev()
-                    .find(|h| h.core.id == core.id && h.key == self.key)
-                    .cloned()
-            });
-            if let Some(held) = found.filter(|h| h.add_hold()) {
-                if held.lost.is_lost() {
-                    held.drop_hold();
-                    return Err(LockError::Lost { key: self.key });
-                }
-                CHAIN.with(|c| c.borrow_mut().push(held.clone()));
-                return Ok(LockGuard::new(held, true));
+        // One task-local lookup: `Err` outside any call chain, else the hold to re-enter.
+        let reentry = CHAIN.try_with(|c| c.borrow().find(core.id, &self.key));
+        let in_chain = reentry.is_ok();
+        if let Ok(Some(held)) = reentry
+            && held.add_hold()
+        {
+            if held.lost.is_lost() {
+                held.drop_hold();
+                return Err(LockError::Lost { key: self.key });
             }
+            CHAIN.with(|c| c.borrow_mut().push(held.clone()));
+            return Ok(LockGuard::new(held, true));
         }
         let held = acquire_fresh(&core, self.key, lease, wait, self.watchdog).await?;
         if in_chain {
@@ -201,7 +196,11 @@ async fn attempt(
     impl Drop for Compensate<'_> {
         fn drop(&mut self) {
             if self.armed {
-                release_in_background(self.core.clone(), self.key.to_owned(), self.owner.to_owned());
+                release_in_background(
+                    self.core.clone(),
+                    self.key.to_owned(),
+                    self.owner.to_owned(),
+                );
             }
         }
     }
@@ -257,7 +256,27 @@ async fn acquire_fresh(
         }
     }
 
-    // Slow path: queue locally; the head of the queue subscribes and contends.
+    // Slow path, boxed so that the common uncontended acquire stays a small future.
+    Box::pin(wait_in_queue(
+        core, key, owner, lease, watchdog, started, deadline,
+    ))
+    .await
+}
+
+/// Queues locally; the head of the queue subscribes and contends until `deadline`.
+async fn wait_in_queue(
+    core: &Arc<Core>,
+    key: String,
+    owner: String,
+    lease: Duration,
+    watchdog: bool,
+    started: Instant,
+    deadline: Instant,
+) -> Result<Arc<Held>, LockError> {
+    let timeout = |key: String| LockError::Timeout {
+        key,
+        waited: started.elapsed(),
+    };
     let ticket = core.hub.join(&key);
     let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue().turn.lock()).await else {
         return Err(timeout(key));
@@ -307,28 +326,62 @@ async fn acquire_fresh(
 
 tokio::task_local! {
     /// The locks held by one call chain (the dynamic extent of an annotated call or of
-    /// [`with_lock`]), innermost last. Spawned tasks do not inherit it: another task is another
-    /// owner. No allocation until the first lock is held.
-    static CHAIN: RefCell<Vec<Arc<Held>>>;
+    /// [`with_lock`]). Spawned tasks do not inherit it: another task is another owner.
+    static CHAIN: RefCell<ChainHolds>;
+}
+
+/// The holds of one call chain, innermost last. The first lives inline: a chain that holds
+/// one lock at a time never allocates.
+#[derive(Default)]
+pub(crate) struct ChainHolds {
+    first: Option<Arc<Held>>,
+    more: Vec<Arc<Held>>,
+}
+
+impl ChainHolds {
+    /// Innermost first.
+    fn iter_rev(&self) -> impl Iterator<Item = &Arc<Held>> {
+        self.more.iter().rev().chain(self.first.iter())
+    }
+
+    fn find(&self, runtime: u64, key: &str) -> Option<Arc<Held>> {
+        self.iter_rev()
+            .find(|h| h.core.id == runtime && h.key == key)
+            .cloned()
+    }
+
+    fn push(&mut self, held: Arc<Held>) {
+        if self.first.is_none() && self.more.is_empty() {
+            self.first = Some(held);
+        } else {
+            self.more.push(held);
+        }
+    }
+
+    fn remove(&mut self, held: &Arc<Held>) {
+        if let Some(i) = self.more.iter().rposition(|h| Arc::ptr_eq(h, held)) {
+            self.more.remove(i);
+        } else if self.first.as_ref().is_some_and(|h| Arc::ptr_eq(h, held)) {
+            self.first = None;
+        }
+    }
+}
+
+/// Whether this task is inside a call chain.
+pub(crate) fn in_chain() -> bool {
+    CHAIN.try_with(|_| ()).is_ok()
+}
+
+/// Runs `fut` as a new call chain (a plain function: an `async fn` would store `fut` twice).
+pub(crate) fn new_chain<F: Future>(
+    fut: F,
+) -> tokio::task::futures::TaskLocalFuture<RefCell<ChainHolds>, F> {
+    CHAIN.scope(RefCell::default(), fut)
 }
 
 /// Forgets the innermost occurrence of `held` in the current chain (no-op elsewhere).
 pub(crate) fn leave_chain(held: &Arc<Held>) {
-    let _ = CHAIN.try_with(|c| {
-        let mut holds = c.borrow_mut();
-        if let Some(i) = holds.iter().rposition(|h| Arc::ptr_eq(h, held)) {
-            holds.remove(i);
-        }
-    });
-}
-
-/// Runs `fut` as a call chain: the outermost call creates it, nested ones join it.
-pub(crate) async fn in_chain<F: Future>(fut: F) -> F::Output {
-    if CHAIN.try_with(|_| ()).is_ok() {
-        fut.await
-    } else {
-        CHAIN.scope(RefCell::new(Vec::new()), fut).await
-    }
+    let _ = CHAIN.try_with(|c| c.borrow_mut().remove(held));
 }
 
 /// The fencing token of the innermost lock held by this call chain, if any.
@@ -351,8 +404,7 @@ pub fn current_fence() -> Option<u64> {
     CHAIN
         .try_with(|c| {
             c.borrow()
-                .iter()
-                .rev()
+                .iter_rev()
                 .find(|h| h.is_held())
                 .and_then(|h| h.fence)
         })
@@ -386,14 +438,19 @@ pub fn current_fence() -> Option<u64> {
 /// # Ok::<(), dlock_runtime::LockError>(()) }).await?;
 /// # Ok(()) }
 /// ```
-pub async fn with_lock<T>(
+pub async fn with_lock<T>(lock: LockBuilder, fut: impl Future<Output = T>) -> Result<T, LockError> {
+    if in_chain() {
+        protected(lock, fut).await
+    } else {
+        new_chain(protected(lock, fut)).await
+    }
+}
+
+/// [`with_lock`] inside a call chain.
+pub(crate) async fn protected<T>(
     lock: LockBuilder,
     fut: impl Future<Output = T>,
 ) -> Result<T, LockError> {
-    in_chain(protected(lock, fut)).await
-}
-
-async fn protected<T>(lock: LockBuilder, fut: impl Future<Output = T>) -> Result<T, LockError> {
     let on_lost = lock.on_lost;
     let guard = lock.acquire().await?;
     let out = match on_lost {

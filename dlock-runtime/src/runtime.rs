@@ -287,7 +287,11 @@ impl RuntimeBuilder {
             None => (rest, None),
         };
         let mut engine_params = Vec::new();
-        for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
+        for pair in query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .filter(|p| !p.is_empty())
+        {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             let duration = || {
                 crate::duration::parse(value).ok_or_else(|| {
@@ -401,7 +405,9 @@ impl RuntimeBuilder {
 /// A lease must be positive and at most [`MAX_LEASE`].
 pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockError> {
     if lease.is_zero() {
-        return Err(LockError::config(format!("{what} must be greater than zero")));
+        return Err(LockError::config(format!(
+            "{what} must be greater than zero"
+        )));
     }
     if lease > MAX_LEASE {
         return Err(LockError::config(format!(

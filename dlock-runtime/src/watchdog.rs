@@ -324,18 +324,132 @@ mod tests {
             .expect("lost within lease/3");
     }
 
+    /// Counts renewal calls; with `fail` set, every renewal errors (engine unreachable).
+    struct Counting {
+        inner: MemoryBackend,
+        calls: std::sync::atomic::AtomicUsize,
+        fail: AtomicBool,
+    }
+
+    impl Backend for Counting {
+        fn try_acquire<'a>(
+            &'a self,
+            key: &'a str,
+            owner: &'a str,
+            lease: Duration,
+        ) -> crate::backend::BoxFuture<'a, Result<Attempt, crate::LockError>> {
+            self.inner.try_acquire(key, owner, lease)
+        }
+        fn renew<'a>(
+            &'a self,
+            batch: &'a [Renewal],
+        ) -> crate::backend::BoxFuture<'a, Result<Vec<bool>, crate::LockError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.fail.load(Ordering::SeqCst) {
+                return Box::pin(async {
+                    Err(crate::LockError::backend(None, "unreachable", None))
+                });
+            }
+            self.inner.renew(batch)
+        }
+        fn release<'a>(
+            &'a self,
+            key: &'a str,
+            owner: &'a str,
+        ) -> crate::backend::BoxFuture<'a, Result<crate::backend::Released, crate::LockError>>
+        {
+            self.inner.release(key, owner)
+        }
+        fn force_unlock<'a>(
+            &'a self,
+            key: &'a str,
+        ) -> crate::backend::BoxFuture<'a, Result<bool, crate::LockError>> {
+            self.inner.force_unlock(key)
+        }
+        fn is_locked<'a>(
+            &'a self,
+            key: &'a str,
+        ) -> crate::backend::BoxFuture<'a, Result<bool, crate::LockError>> {
+            self.inner.is_locked(key)
+        }
+        fn watch<'a>(
+            &'a self,
+            key: &'a str,
+        ) -> crate::backend::BoxFuture<'a, Result<(), crate::LockError>> {
+            self.inner.watch(key)
+        }
+        fn unwatch<'a>(
+            &'a self,
+            key: &'a str,
+        ) -> crate::backend::BoxFuture<'a, Result<(), crate::LockError>> {
+            self.inner.unwatch(key)
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn batches_locks_due_together() {
-        let (wd, backend) = setup().await;
+        let wd = Arc::new(Watchdog::default());
+        let counting = Arc::new(Counting {
+            inner: MemoryBackend::new(),
+            calls: Default::default(),
+            fail: AtomicBool::new(false),
+        });
+        let backend: Arc<dyn Backend> = counting.clone();
+        tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
         let lease = Duration::from_secs(3);
-        for i in 0..100 {
+        // 1,000 locks acquired evenly over one second (one every millisecond).
+        let mut lost = Vec::new();
+        for i in 0..1000 {
             let key = format!("k{i}");
             backend.try_acquire(&key, "a", lease).await.ok();
-            wd.register(&key, "a", lease, true, Instant::now());
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            lost.push(wd.register(&key, "a", lease, true, Instant::now()).1);
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        // 100 locks acquired over one second are renewed in a handful of batches.
+        let before = counting.calls.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(10)).await;
-        assert_eq!(wd.len(), 100);
+        let calls = counting.calls.load(Ordering::SeqCst) - before;
+        // One lock at a time would be 1,000 locks x 10 renewals; the coalescing window
+        // (lease/12) allows at most about 4 calls per renewal interval (1 s).
+        assert!(calls <= 50, "{calls} renewal calls in 10 s for 1,000 locks");
+        assert!(
+            calls >= 10,
+            "{calls}: locks must still be renewed every interval"
+        );
+        assert!(lost.iter().all(|l| !l.is_lost()));
+        for i in 0..1000 {
+            let busy = backend.try_acquire(&format!("k{i}"), "b", lease).await.ok();
+            assert!(matches!(busy, Some(Attempt::Busy { .. })), "k{i} expired");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unreachable_engine_is_lost_when_the_lease_runs_out_not_before() {
+        let wd = Arc::new(Watchdog::default());
+        let failing = Arc::new(Counting {
+            inner: MemoryBackend::new(),
+            calls: Default::default(),
+            fail: AtomicBool::new(false),
+        });
+        let backend: Arc<dyn Backend> = failing.clone();
+        tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
+        let lease = Duration::from_secs(3);
+        backend.try_acquire("k", "a", lease).await.ok();
+        let (_id, lost) = wd.register("k", "a", lease, true, Instant::now());
+        // First renewal (at 1 s) succeeds: the lease is confirmed until about 4 s.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        failing.fail.store(true, Ordering::SeqCst);
+        // Failed renewals are retried, not a loss, while the confirmed lease lasts.
+        tokio::time::sleep(Duration::from_millis(2800)).await;
+        assert!(
+            !lost.is_lost(),
+            "a transient renewal error alone is not a loss"
+        );
+        assert!(
+            failing.calls.load(Ordering::SeqCst) > 3,
+            "failed renewals are retried"
+        );
+        tokio::time::timeout(Duration::from_millis(200), lost.wait())
+            .await
+            .expect("lost when the last confirmed lease runs out");
     }
 }

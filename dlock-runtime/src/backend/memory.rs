@@ -72,7 +72,7 @@ impl MemoryBackend {
         }
         state.fence += 1;
         let fence = state.fence;
-        if fence % SWEEP_EVERY == 0 {
+        if fence.is_multiple_of(SWEEP_EVERY) {
             state.locks.retain(|_, e| e.expires > now);
         }
         state.locks.insert(
@@ -181,7 +181,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lease_expires_on_the_tokio_clock() {
         let m = MemoryBackend::new();
-        assert!(matches!(m.acquire_now("k", "a", LEASE), Attempt::Acquired { .. }));
+        assert!(matches!(
+            m.acquire_now("k", "a", LEASE),
+            Attempt::Acquired { .. }
+        ));
         tokio::time::advance(Duration::from_secs(4)).await;
         assert_eq!(
             m.acquire_now("k", "b", LEASE),
@@ -190,7 +193,10 @@ mod tests {
             }
         );
         tokio::time::advance(Duration::from_secs(6)).await;
-        assert!(matches!(m.acquire_now("k", "b", LEASE), Attempt::Acquired { .. }));
+        assert!(matches!(
+            m.acquire_now("k", "b", LEASE),
+            Attempt::Acquired { .. }
+        ));
         assert_eq!(m.release_now("k", "a"), Released::NotOwner);
     }
 
@@ -200,7 +206,10 @@ mod tests {
         let Attempt::Acquired { fence: f1 } = m.acquire_now("k", "a", LEASE) else {
             panic!("first acquire must succeed");
         };
-        assert_eq!(m.acquire_now("k", "a", LEASE), Attempt::Acquired { fence: f1 });
+        assert_eq!(
+            m.acquire_now("k", "a", LEASE),
+            Attempt::Acquired { fence: f1 }
+        );
         assert_eq!(m.release_now("k", "a"), Released::StillHeld);
         assert_eq!(m.release_now("k", "a"), Released::Freed);
         let Attempt::Acquired { fence: f2 } = m.acquire_now("k", "b", LEASE) else {
@@ -228,6 +237,9 @@ mod tests {
         tokio::time::advance(Duration::from_secs(9)).await;
         assert_eq!(m.renew_now(&batch), vec![true, false]);
         tokio::time::advance(Duration::from_secs(9)).await;
-        assert!(matches!(m.acquire_now("k", "b", LEASE), Attempt::Busy { .. }));
+        assert!(matches!(
+            m.acquire_now("k", "b", LEASE),
+            Attempt::Busy { .. }
+        ));
     }
 }

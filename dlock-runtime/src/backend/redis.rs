@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{
-    IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisError, Script, Value,
-};
+use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisError, Script, Value};
 
 use super::{Attempt, Backend, BoxFuture, Released, Renewal};
 use crate::LockError;
@@ -120,15 +118,17 @@ impl RedisBackend {
             .set_max_delay(Duration::from_millis(500))
             .set_push_sender(on_push)
             .set_automatic_resubscription();
-        let conn = tokio::time::timeout(
-            timeout,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| {
-            LockError::backend(None, format!("no connection to {url} within {timeout:?}"), None)
-        })?
-        .map_err(|e| redis_error(None, &format!("cannot connect to {url}"), e))?;
+        let conn =
+            tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
+                .await
+                .map_err(|_| {
+                    LockError::backend(
+                        None,
+                        format!("no connection to {url} within {timeout:?}"),
+                        None,
+                    )
+                })?
+                .map_err(|e| redis_error(None, &format!("cannot connect to {url}"), e))?;
 
         Ok(Self {
             conn,
@@ -211,7 +211,11 @@ impl Backend for RedisBackend {
                 .arg(millis_ceil(lease))
                 .arg(millis_ceil(lease.saturating_add(FENCE_TTL)));
             let reply: (i64, i64) = self
-                .call(Some(key), "acquire failed", invocation.invoke_async(&mut conn))
+                .call(
+                    Some(key),
+                    "acquire failed",
+                    invocation.invoke_async(&mut conn),
+                )
                 .await?;
             Ok(match reply {
                 (1 | 2, fence) => Attempt::Acquired {
@@ -256,7 +260,11 @@ impl Backend for RedisBackend {
                 .arg(self.names.channel(key))
                 .arg(&self.origin);
             let reply: i64 = self
-                .call(Some(key), "release failed", invocation.invoke_async(&mut conn))
+                .call(
+                    Some(key),
+                    "release failed",
+                    invocation.invoke_async(&mut conn),
+                )
                 .await?;
             Ok(match reply {
                 1 => Released::Freed,
@@ -275,7 +283,11 @@ impl Backend for RedisBackend {
                 .arg(self.names.channel(key))
                 .arg(FORCED);
             let reply: i64 = self
-                .call(Some(key), "force unlock failed", invocation.invoke_async(&mut conn))
+                .call(
+                    Some(key),
+                    "force unlock failed",
+                    invocation.invoke_async(&mut conn),
+                )
                 .await?;
             Ok(reply == 1)
         })

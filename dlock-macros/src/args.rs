@@ -1,0 +1,502 @@
+//! The attribute's arguments: `key = "..."`, `lease = "30s"`, `wait = "1s"`, `watchdog = false`,
+//! `on_lost = "cancel" | "ignore"`, `crate = "path"`.
+//!
+//! Two phases, as in tokio-macros: [`RawArgs`] only splits `name = value, ...` (a syntax error
+//! here is the only error that stops the parse), then [`RawArgs::validate`] looks at every
+//! argument, collecting all the mistakes it finds, each spanned on the smallest offending token.
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
+use syn::{Expr, ExprLit, Ident, Lit, LitBool, LitStr, Path, Token};
+
+use crate::duration::parse_millis;
+use crate::{combine, similar_name};
+
+/// Every argument the attribute accepts, in the order the docs list them.
+const ARGUMENTS: [&str; 6] = ["key", "lease", "wait", "watchdog", "on_lost", "crate"];
+
+/// `name = value, ...` before validation.
+pub(crate) struct RawArgs {
+    args: Vec<RawArg>,
+}
+
+struct RawArg {
+    name: Ident,
+    /// `None` for a bare name such as `watchdog`.
+    value: Option<Expr>,
+}
+
+impl Parse for RawArgs {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let mut args = Vec::new();
+        while !input.is_empty() {
+            // `parse_any` accepts keywords, so `crate = "..."` parses like any other name.
+            let name = input.call(Ident::parse_any)?;
+            let value = if input.peek(Token![=]) {
+                input.parse::<Token![=]>()?;
+                Some(input.parse::<Expr>()?)
+            } else if input.is_empty() || input.peek(Token![,]) {
+                None
+            } else {
+                return Err(input.error(format!("expected `=` after `{name}`")));
+            };
+            args.push(RawArg { name, value });
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(RawArgs { args })
+    }
+}
+
+/// Validated arguments.
+pub(crate) struct Args {
+    /// The key template, still unparsed: `key.rs` needs the function's bindings to check it.
+    pub(crate) key: LitStr,
+    /// Milliseconds; `None` keeps the runtime's default lease.
+    pub(crate) lease: Option<u64>,
+    /// Milliseconds; `None` keeps the runtime's default wait.
+    pub(crate) wait: Option<u64>,
+    /// `None` keeps the runtime's default (watchdog on).
+    pub(crate) watchdog: Option<LitBool>,
+    pub(crate) on_lost: OnLost,
+    /// `None` means `::dlock_runtime`.
+    pub(crate) krate: Option<Path>,
+}
+
+/// What happens when the lease is lost while the body runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnLost {
+    Cancel,
+    Ignore,
+}
+
+impl RawArgs {
+    /// Checks every argument. `attribute` is the span used when `key` is missing.
+    pub(crate) fn validate(self, attribute: Span) -> syn::Result<Args> {
+        let mut errors = Vec::new();
+        let mut seen: Vec<String> = Vec::new();
+        let mut key = None;
+        let mut lease = None;
+        let mut wait = None;
+        let mut watchdog = None;
+        let mut on_lost = None;
+        let mut krate = None;
+
+        for RawArg { name, value } in self.args {
+            let name_text = name.unraw().to_string();
+            if !ARGUMENTS.contains(&name_text.as_str()) {
+                errors.push(syn::Error::new(name.span(), unknown_argument(&name_text)));
+                continue;
+            }
+            if seen.contains(&name_text) {
+                errors.push(syn::Error::new(
+                    name.span(),
+                    format!("duplicate argument `{name_text}`"),
+                ));
+                continue;
+            }
+            seen.push(name_text.clone());
+            let Some(value) = value else {
+                errors.push(syn::Error::new(
+                    name.span(),
+                    format!(
+                        "argument `{name_text}` needs a value, e.g. `{}`",
+                        example(&name_text)
+                    ),
+                ));
+                continue;
+            };
+            let value = ungroup(value);
+            let checked = match name_text.as_str() {
+                "key" => key_literal(&value).map(|lit| key = Some(lit)),
+                "lease" => duration(&value, "lease").and_then(|millis| {
+                    check_lease(millis, value.span())?;
+                    lease = Some(millis);
+                    Ok(())
+                }),
+                "wait" => duration(&value, "wait").map(|millis| wait = Some(millis)),
+                "watchdog" => bool_literal(&value).map(|lit| watchdog = Some(lit)),
+                "on_lost" => on_lost_value(&value).map(|policy| on_lost = Some(policy)),
+                // The only name left in `ARGUMENTS`.
+                _ => crate_path(&value).map(|path| krate = Some(path)),
+            };
+            if let Err(error) = checked {
+                errors.push(error);
+            }
+        }
+
+        // A missing key is only worth reporting when `key` was not given at all: a `key` with a
+        // bad value already has its own error.
+        if key.is_none() && !seen.iter().any(|name| name == "key") {
+            errors.push(syn::Error::new(
+                attribute,
+                "missing required argument `key`, e.g. `#[distributed_lock(key = \"stock:{id}\")]`",
+            ));
+        }
+        if let Some(error) = combine(errors) {
+            return Err(error);
+        }
+        match key {
+            Some(key) => Ok(Args {
+                key,
+                lease,
+                wait,
+                watchdog,
+                on_lost: on_lost.unwrap_or(OnLost::Cancel),
+                krate,
+            }),
+            // Unreachable: a missing or invalid key pushed an error above.
+            None => Err(syn::Error::new(
+                attribute,
+                "missing required argument `key`",
+            )),
+        }
+    }
+}
+
+/// The runtime's `MAX_LEASE` (one year), in milliseconds: a longer lease is rejected at run
+/// time with `LockError::InvalidConfig`, so it is rejected here first.
+const MAX_LEASE_MILLIS: u64 = 365 * 24 * 3_600_000;
+
+fn check_lease(millis: u64, span: Span) -> syn::Result<()> {
+    if millis == 0 {
+        return Err(syn::Error::new(
+            span,
+            "`lease` must be greater than zero, e.g. `lease = \"30s\"`",
+        ));
+    }
+    if millis > MAX_LEASE_MILLIS {
+        return Err(syn::Error::new(
+            span,
+            "`lease` must be at most one year (\"8760h\"); with the watchdog on, a shorter lease \
+             is renewed for as long as the function runs",
+        ));
+    }
+    Ok(())
+}
+
+fn unknown_argument(name: &str) -> String {
+    match similar_name(name, ARGUMENTS.iter().map(|s| (*s).to_owned())) {
+        Some(similar) => format!("unknown argument `{name}`; did you mean `{similar}`?"),
+        None => format!(
+            "unknown argument `{name}`; expected one of {}",
+            ARGUMENTS
+                .iter()
+                .map(|name| format!("`{name}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// A well-formed use of each argument, for suggestions.
+fn example(name: &str) -> &'static str {
+    match name {
+        "key" => "key = \"stock:{id}\"",
+        "lease" => "lease = \"30s\"",
+        "wait" => "wait = \"1s\"",
+        "watchdog" => "watchdog = false",
+        "on_lost" => "on_lost = \"ignore\"",
+        _ => "crate = \"dlock_runtime\"",
+    }
+}
+
+/// Looks through the invisible groups `macro_rules!` puts around `$value:expr`.
+fn ungroup(mut value: Expr) -> Expr {
+    while let Expr::Group(group) = value {
+        value = *group.expr;
+    }
+    value
+}
+
+fn literal(value: &Expr) -> Option<&Lit> {
+    match value {
+        Expr::Lit(ExprLit { lit, .. }) => Some(lit),
+        _ => None,
+    }
+}
+
+/// The single identifier of a path expression such as `id` or `ignore`.
+fn lone_identifier(value: &Expr) -> Option<&Ident> {
+    match value {
+        Expr::Path(path) if path.qself.is_none() => path.path.get_ident(),
+        _ => None,
+    }
+}
+
+fn key_literal(value: &Expr) -> syn::Result<LitStr> {
+    if let Some(Lit::Str(lit)) = literal(value) {
+        return Ok(lit.clone());
+    }
+    let message = match lone_identifier(value) {
+        Some(ident) => format!(
+            "expected a string literal for `key`; to use the parameter `{ident}` write \
+             `key = \"{{{ident}}}\"`"
+        ),
+        None => "expected a string literal for `key`, e.g. `key = \"stock:{id}\"`".to_owned(),
+    };
+    Err(syn::Error::new(value.span(), message))
+}
+
+fn duration(value: &Expr, name: &str) -> syn::Result<u64> {
+    match literal(value) {
+        Some(Lit::Str(lit)) => parse_millis(&lit.value())
+            .map_err(|error| syn::Error::new(lit.span(), error.message(&lit.value()))),
+        Some(Lit::Int(int)) => Err(syn::Error::new(
+            int.span(),
+            format!(
+                "expected a string literal with a unit for `{name}`, e.g. `{name} = \"{}s\"`",
+                int.base10_digits()
+            ),
+        )),
+        _ => Err(syn::Error::new(
+            value.span(),
+            format!(
+                "expected a string literal for `{name}`, e.g. `{}`",
+                example(name)
+            ),
+        )),
+    }
+}
+
+fn bool_literal(value: &Expr) -> syn::Result<LitBool> {
+    match literal(value) {
+        Some(Lit::Bool(lit)) => Ok(lit.clone()),
+        Some(Lit::Str(lit)) if matches!(lit.value().as_str(), "true" | "false") => {
+            Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "expected `true` or `false` for `watchdog`, found a string literal; write \
+                     `watchdog = {}` without quotes",
+                    lit.value()
+                ),
+            ))
+        }
+        _ => Err(syn::Error::new(
+            value.span(),
+            "expected `true` or `false` for `watchdog`",
+        )),
+    }
+}
+
+fn on_lost_value(value: &Expr) -> syn::Result<OnLost> {
+    match literal(value) {
+        Some(Lit::Str(lit)) => match lit.value().as_str() {
+            "cancel" => Ok(OnLost::Cancel),
+            "ignore" => Ok(OnLost::Ignore),
+            other => Err(syn::Error::new(
+                lit.span(),
+                format!("invalid value {other:?} for `on_lost`; expected \"cancel\" or \"ignore\""),
+            )),
+        },
+        _ => {
+            let message = match lone_identifier(value) {
+                Some(ident) if ident == "cancel" || ident == "ignore" => format!(
+                    "expected a string literal for `on_lost`; write `on_lost = \"{ident}\"`"
+                ),
+                _ => "expected a string literal for `on_lost`: \"cancel\" or \"ignore\"".to_owned(),
+            };
+            Err(syn::Error::new(value.span(), message))
+        }
+    }
+}
+
+fn crate_path(value: &Expr) -> syn::Result<Path> {
+    match literal(value) {
+        Some(Lit::Str(lit)) => lit.parse_with(Path::parse_mod_style).map_err(|_| {
+            syn::Error::new(
+                lit.span(),
+                format!(
+                    "invalid path {:?} for `crate`; expected a path such as \"dlock_runtime\"",
+                    lit.value()
+                ),
+            )
+        }),
+        _ => {
+            let message = match value {
+                Expr::Path(path) if path.qself.is_none() => format!(
+                    "expected a string literal for `crate`; write `crate = \"{}\"`",
+                    path_text(&path.path)
+                ),
+                _ => "expected a string literal for `crate`, e.g. `crate = \"dlock_runtime\"`"
+                    .to_owned(),
+            };
+            Err(syn::Error::new(value.span(), message))
+        }
+    }
+}
+
+fn path_text(path: &Path) -> String {
+    let segments: Vec<String> = path
+        .segments
+        .iter()
+        .map(|segment| segment.ident.to_string())
+        .collect();
+    let prefix = if path.leading_colon.is_some() {
+        "::"
+    } else {
+        ""
+    };
+    format!("{prefix}{}", segments.join("::"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
+mod tests {
+    use super::{Args, OnLost, RawArgs};
+    use proc_macro2::Span;
+
+    fn validate(args: &str) -> syn::Result<Args> {
+        let raw: RawArgs = syn::parse_str(args)?;
+        raw.validate(Span::call_site())
+    }
+
+    fn errors(args: &str) -> Vec<String> {
+        match validate(args) {
+            Ok(_) => panic!("{args:?} validated"),
+            Err(error) => error.into_iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn all_arguments() {
+        let args = validate(
+            r#"key = "stock:{id}", lease = "30s", wait = "250ms", watchdog = false,
+               on_lost = "ignore", crate = "dl""#,
+        )
+        .unwrap();
+        assert_eq!(args.key.value(), "stock:{id}");
+        assert_eq!(args.lease, Some(30_000));
+        assert_eq!(args.wait, Some(250));
+        assert!(!args.watchdog.unwrap().value);
+        assert_eq!(args.on_lost, OnLost::Ignore);
+        assert!(args.krate.unwrap().is_ident("dl"));
+    }
+
+    #[test]
+    fn defaults_stay_unset() {
+        let args = validate(r#"key = "k","#).unwrap();
+        assert_eq!(args.lease, None);
+        assert_eq!(args.wait, None);
+        assert!(args.watchdog.is_none());
+        assert_eq!(args.on_lost, OnLost::Cancel);
+        assert!(args.krate.is_none());
+    }
+
+    #[test]
+    fn zero_wait_is_fine_but_zero_lease_is_not() {
+        assert_eq!(validate(r#"key = "k", wait = "0s""#).unwrap().wait, Some(0));
+        assert_eq!(
+            errors(r#"key = "k", lease = "0ms""#),
+            ["`lease` must be greater than zero, e.g. `lease = \"30s\"`"]
+        );
+    }
+
+    #[test]
+    fn lease_is_at_most_one_year() {
+        assert_eq!(
+            validate(r#"key = "k", lease = "8760h""#).unwrap().lease,
+            Some(31_536_000_000)
+        );
+        assert_eq!(
+            errors(r#"key = "k", lease = "8761h""#),
+            [
+                "`lease` must be at most one year (\"8760h\"); with the watchdog on, a shorter lease is renewed for as long as the function runs"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_and_duplicate_arguments() {
+        assert_eq!(
+            errors(r#"key = "k", ttl = "30s""#),
+            [
+                "unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `crate`"
+            ]
+        );
+        assert_eq!(
+            errors(r#"key = "k", leese = "30s""#),
+            ["unknown argument `leese`; did you mean `lease`?"]
+        );
+        assert_eq!(
+            errors(r#"key = "k", wait = "1s", wait = "2s""#),
+            ["duplicate argument `wait`"]
+        );
+    }
+
+    #[test]
+    fn missing_key() {
+        assert_eq!(
+            errors(r#"lease = "30s""#),
+            ["missing required argument `key`, e.g. `#[distributed_lock(key = \"stock:{id}\")]`"]
+        );
+        assert_eq!(errors("").len(), 1);
+        // A key with a bad value is reported once, not also as missing.
+        assert_eq!(
+            errors("key = id"),
+            [
+                "expected a string literal for `key`; to use the parameter `id` write `key = \"{id}\"`"
+            ]
+        );
+    }
+
+    #[test]
+    fn value_errors() {
+        assert_eq!(
+            errors(r#"key = "k", lease = "30x""#),
+            ["invalid duration \"30x\": expected a number followed by ms, s, m or h, e.g. \"30s\""]
+        );
+        assert_eq!(
+            errors(r#"key = "k", wait = 5"#),
+            ["expected a string literal with a unit for `wait`, e.g. `wait = \"5s\"`"]
+        );
+        assert_eq!(
+            errors(r#"key = "k", watchdog = "false""#),
+            [
+                "expected `true` or `false` for `watchdog`, found a string literal; write `watchdog = false` without quotes"
+            ]
+        );
+        assert_eq!(
+            errors(r#"key = "k", watchdog = 1"#),
+            ["expected `true` or `false` for `watchdog`"]
+        );
+        assert_eq!(
+            errors(r#"key = "k", on_lost = "abort""#),
+            ["invalid value \"abort\" for `on_lost`; expected \"cancel\" or \"ignore\""]
+        );
+        assert_eq!(
+            errors(r#"key = "k", on_lost = ignore"#),
+            ["expected a string literal for `on_lost`; write `on_lost = \"ignore\"`"]
+        );
+        assert_eq!(
+            errors(r#"key = "k", crate = dl"#),
+            ["expected a string literal for `crate`; write `crate = \"dl\"`"]
+        );
+        assert_eq!(
+            errors(r#"key = "k", crate = "not a path""#),
+            ["invalid path \"not a path\" for `crate`; expected a path such as \"dlock_runtime\""]
+        );
+        assert_eq!(
+            errors(r#"key = "k", watchdog"#),
+            ["argument `watchdog` needs a value, e.g. `watchdog = false`"]
+        );
+    }
+
+    #[test]
+    fn collects_every_error() {
+        assert_eq!(
+            errors(r#"ttl = "1s", lease = "0s", wait = "1", on_lost = "x""#).len(),
+            5 // four bad arguments and the missing key
+        );
+    }
+
+    #[test]
+    fn syntax_errors_stop_the_parse() {
+        assert_eq!(errors(r#"key: "k""#), ["expected `=` after `key`"]);
+        assert_eq!(errors(r#"key = "k" lease = "1s""#), ["expected `,`"]);
+    }
+}

@@ -1,0 +1,739 @@
+//! The `#[distributed_lock]` attribute of [dlock].
+//!
+//! Use it through the runtime crate, which re-exports it and does the actual locking:
+//!
+//! ```toml
+//! [dependencies]
+//! dlock-runtime = "0.1"
+//! ```
+//!
+//! ```no_run
+//! use dlock_runtime::distributed_lock;
+//! ```
+//!
+//! This crate only rewrites syntax; see [`macro@distributed_lock`] for the attribute's arguments
+//! and the code it expands to.
+//!
+//! [dlock]: https://docs.rs/dlock-runtime
+
+mod args;
+mod duration;
+mod expand;
+mod key;
+
+use proc_macro2::{Span, TokenStream};
+use syn::parse::{Parse, ParseStream};
+use syn::{Attribute, GenericParam, Signature, Token, Visibility, braced};
+
+use crate::args::RawArgs;
+use crate::key::Bindings;
+
+/// Turns an `async fn` into a critical section guarded by a distributed lock.
+///
+/// ```
+/// use dlock_runtime::{distributed_lock, LockError};
+///
+/// #[derive(Debug)]
+/// enum ShopError {
+///     SoldOut,
+///     Lock(LockError),
+/// }
+///
+/// impl From<LockError> for ShopError {
+///     fn from(err: LockError) -> Self {
+///         ShopError::Lock(err)
+///     }
+/// }
+///
+/// #[distributed_lock(key = "stock:{id}", lease = "30s", wait = "1s")]
+/// async fn buy(id: u64, qty: u32) -> Result<u64, ShopError> {
+///     // Only one caller per `id`, across every process sharing the lock engine, runs this at a
+///     // time.
+///     Ok(u64::from(qty))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// // At startup: choose an engine and install it process-wide (here: in-process memory).
+/// dlock_runtime::Runtime::builder().memory().build().await?.install()?;
+/// assert!(matches!(buy(42, 2).await, Ok(2)));
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Each call formats the key, acquires the lock on the runtime installed with
+/// `Runtime::install` (or the one set with `Runtime::scope`), runs the body, and releases the
+/// lock on every exit path: normal return, `Err`, `?`, `return`, panic, and cancellation (the
+/// future dropped mid-way). If the lock cannot be taken, the body does not run and the function
+/// returns `Err(LockError::Timeout { .. })` (or another `LockError`) converted into its error
+/// type with `From`.
+///
+/// The examples are doc tests of `dlock-macros`, compiled against `dlock-runtime`; the ones
+/// marked `no_run` only declare functions.
+///
+/// # Requirements
+///
+/// * The function is an `async fn` with a body: a free function, an inherent method (`&self`,
+///   `&mut self`, `self`, `self: Arc<Self>`, ...), or a native `async fn` of a trait
+///   implementation. Generics, `where` clauses and pattern parameters such as
+///   `Path(id): Path<u64>` are fine. `const fn` and `extern "C" fn` are rejected.
+/// * It returns `Result<T, E>` with `E: From<LockError>`, so that a failure to lock can be
+///   returned without running the body. Any other return type is a compile error that names the
+///   type.
+/// * Its future is `Send` whenever the original body's future is, so guarded functions work as
+///   axum/actix handlers and with `tokio::spawn`.
+///
+/// # Arguments
+///
+/// | argument   | value                               | default                       |
+/// |------------|-------------------------------------|-------------------------------|
+/// | `key`      | key template, e.g. `"stock:{id}"`   | required                      |
+/// | `lease`    | duration, e.g. `"30s"`              | the runtime's `default_lease` (30 s) |
+/// | `wait`     | duration, e.g. `"1s"`, `"0s"`       | the runtime's `default_wait` (no waiting) |
+/// | `watchdog` | `true` or `false` (no quotes)       | `true`                        |
+/// | `on_lost`  | `"cancel"` or `"ignore"`            | `"cancel"`                    |
+/// | `crate`    | path of the runtime crate, e.g. `"dl"` | `"::dlock_runtime"`        |
+///
+/// Arguments may come in any order; each may appear once. Everything is checked at compile
+/// time: an unknown or repeated argument, a malformed duration, a lease of zero or of more than
+/// a year, or a placeholder that names no parameter is a compile error pointing at the
+/// offending token.
+///
+/// ## `key`
+///
+/// The name of the lock. Calls with equal keys exclude each other; calls with different keys do
+/// not. The runtime prepends its key prefix (default `"dlock:"`), so `"stock:42"` is stored as
+/// `dlock:{stock:42}` on Redis.
+///
+/// The template is literal text with placeholders, each formatted with [`Display`]:
+///
+/// | placeholder                          | value                                   |
+/// |--------------------------------------|-----------------------------------------|
+/// | `{id}` or `<id>`                     | the parameter `id`                      |
+/// | `{order.user.id}` or `<order.user.id>` | a field of a parameter, any depth     |
+/// | `{pair.0}`                           | a tuple field                           |
+/// | `{self.tenant}` or `<self.tenant>`   | a field of the receiver of a method     |
+/// | `{self}`                             | the receiver itself                     |
+/// | `{{` `}}` `<<` `>>`                  | a literal `{`, `}`, `<` or `>`          |
+///
+/// The first name of a placeholder is `self` or any binding the parameters introduce, including
+/// bindings inside patterns: `Path(id): Path<u64>` binds `id`, `(a, b): (u8, u8)` binds `a` and
+/// `b`, `Order { id, .. }: Order` binds `id`, and `mut n: u32` binds `n`. Format specs such as
+/// `{id:?}` are not accepted: the key is always the `Display` form.
+///
+/// The key is built once per call, before the body runs, with a single `format!` (or a
+/// `String::from` when the key has no placeholders). Placeholders borrow the parameters, so the
+/// body still owns them.
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// # struct Order { user: User, sku: String } struct User { id: u64 }
+/// #[distributed_lock(key = "cart:<order.user.id>:{order.sku}")]
+/// async fn checkout(order: Order) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Without the macro:
+///
+/// ```no_run
+/// # use dlock_runtime::LockError;
+/// # struct Order { user: User, sku: String } struct User { id: u64 }
+/// async fn checkout(order: Order) -> Result<(), LockError> {
+///     let key = format!("cart:{}:{}", order.user.id, order.sku);
+///     dlock_runtime::with_lock(dlock_runtime::lock(key), async move { Ok(()) }).await?
+/// }
+/// ```
+///
+/// ## `lease`
+///
+/// How long the engine keeps the lock if the holder stops renewing it (its process died, or the
+/// network is gone). With the watchdog on, the lease is renewed every `lease / 3` while the body
+/// runs, so the body may take longer than the lease; another process gets the lock at most
+/// `lease` after the holder dies. Must be greater than zero and at most a year (`"8760h"`).
+/// Omitted: the runtime's `default_lease` (30 s unless configured).
+///
+/// Durations are a non-negative integer followed by a unit: `ms`, `s`, `m` or `h`, as in
+/// `"250ms"`, `"30s"`, `"2m"` or `"1h"`. No fractions, spaces or compound forms (`"1m30s"` is
+/// `"90s"`).
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "report", lease = "2m")]
+/// async fn build_report() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Without the macro:
+///
+/// ```no_run
+/// # use dlock_runtime::LockError;
+/// # use std::time::Duration;
+/// async fn build_report() -> Result<(), LockError> {
+///     let lock = dlock_runtime::lock("report").lease(Duration::from_secs(120));
+///     dlock_runtime::with_lock(lock, async move { Ok(()) }).await?
+/// }
+/// ```
+///
+/// ## `wait`
+///
+/// How long to wait for a busy lock before giving up with `LockError::Timeout`. Waiting is by
+/// notification from the engine, not polling. `"0s"` makes one attempt. Omitted: the runtime's
+/// `default_wait` (one attempt unless configured).
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "stock:{id}", wait = "1s")]
+/// async fn reserve(id: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Without the macro:
+///
+/// ```no_run
+/// # use dlock_runtime::LockError;
+/// # use std::time::Duration;
+/// async fn reserve(id: u64) -> Result<(), LockError> {
+///     let lock = dlock_runtime::lock(format!("stock:{id}")).wait(Duration::from_secs(1));
+///     dlock_runtime::with_lock(lock, async move { Ok(()) }).await?
+/// }
+/// ```
+///
+/// ## `watchdog`
+///
+/// `true` (the default) renews the lease while the body runs. `false` makes `lease` a hard cap,
+/// like Redisson's `tryLock(wait, lease)`: `lease` after it was taken, the lock expires and
+/// counts as lost even if the body is still running, so with `on_lost = "cancel"` (the
+/// default) a body that overruns is cancelled and the call returns `LockError::Lost`. The value
+/// is a bare `bool` literal: `watchdog = false`.
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "tick", lease = "10s", watchdog = false)]
+/// async fn tick() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Without the macro:
+///
+/// ```no_run
+/// # use dlock_runtime::LockError;
+/// # use std::time::Duration;
+/// async fn tick() -> Result<(), LockError> {
+///     let lock = dlock_runtime::lock("tick")
+///         .lease(Duration::from_secs(10))
+///         .watchdog(false);
+///     dlock_runtime::with_lock(lock, async move { Ok(()) }).await?
+/// }
+/// ```
+///
+/// ## `on_lost`
+///
+/// What happens when the lease is lost while the body runs (renewal found another owner, or the
+/// engine stayed unreachable past the last confirmed expiry):
+///
+/// * `"cancel"` (default): the body's future is dropped where it is suspended, and the call
+///   returns `Err(LockError::Lost { .. })` converted with `From`.
+/// * `"ignore"`: the loss is logged, the body runs to completion and its result is returned as
+///   is. Use it only when the body is safe to finish without exclusion (for example, it checks
+///   a fencing token from `dlock_runtime::current_fence()` on every write).
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "ledger", on_lost = "ignore")]
+/// async fn append() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Without the macro:
+///
+/// ```no_run
+/// # use dlock_runtime::{LockError, OnLost};
+/// async fn append() -> Result<(), LockError> {
+///     let lock = dlock_runtime::lock("ledger").on_lost(OnLost::Ignore);
+///     dlock_runtime::with_lock(lock, async move { Ok(()) }).await?
+/// }
+/// ```
+///
+/// ## `crate`
+///
+/// The path of the runtime crate, for when it is renamed in `Cargo.toml`
+/// (`dl = { package = "dlock-runtime", .. }`) or re-exported by another crate. The generated
+/// code calls only `<crate>::__private`.
+///
+/// ```no_run
+/// # extern crate dlock_runtime as dl;
+/// # use dl::LockError;
+/// #[dl::distributed_lock(key = "k", crate = "dl")]
+/// async fn renamed() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// # What it expands to
+///
+/// The attributes, visibility and signature are kept as written; only the body changes. For
+/// `key = "stock:{id}", lease = "30s", wait = "1s"`:
+///
+/// ```ignore
+/// async fn buy(id: u64, qty: u32) -> Result<u64, ShopError> {
+///     let __dlock_key = ::std::format!("stock:{}", id);
+///     ::dlock_runtime::__private::run(
+///         ::dlock_runtime::__private::lock(__dlock_key)
+///             .lease(::dlock_runtime::__private::Duration::from_millis(30000))
+///             .wait(::dlock_runtime::__private::Duration::from_millis(1000)),
+///         ::dlock_runtime::__private::OnLost::Cancel,
+///         async move {
+///             // An unreachable `return` of the declared type pins the block's output, so `?`
+///             // and `return` in the body infer as before.
+///             if false {
+///                 let __dlock_fake_return: Result<u64, ShopError> = loop {};
+///                 return __dlock_fake_return;
+///             }
+///             { /* the original body, untouched */ }
+///         },
+///     )
+///     .await
+/// }
+/// ```
+///
+/// `return` and `?` inside the body leave the body (and so release the lock); the macro never
+/// rewrites them. `__private` is not a public API: use `lock`, `with_lock` or `LockGuard` when
+/// you need the lock without the attribute.
+///
+/// # With `#[tracing::instrument]`
+///
+/// Both orders work, because each attribute treats the other's body as opaque. Attributes
+/// expand from the top down, so the order decides what the span covers:
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// // The span covers waiting for the lock, the body, and the release.
+/// #[distributed_lock(key = "stock:{id}")]
+/// #[tracing::instrument]
+/// async fn covers_locking(id: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+///
+/// // The span covers only the body, which runs with the lock held.
+/// #[tracing::instrument]
+/// #[distributed_lock(key = "stock:{id}")]
+/// async fn covers_body(id: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// # Reentrancy
+///
+/// A guarded function that calls another guarded function with the same key (directly or
+/// further down the call chain, in the same task) re-enters the lock instead of deadlocking;
+/// the inner exit does not release the outer hold. Another task, even one spawned inside the
+/// body, is another owner.
+///
+/// # Errors at compile time
+///
+/// ```text
+/// error: unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `crate`
+/// error: invalid duration "30x": expected a number followed by ms, s, m or h, e.g. "30s"
+/// error: key placeholder `{idd}` names no parameter of `buy`; did you mean `{id}`?
+/// error: `#[distributed_lock]` can only be used on an `async fn`; add `async` before `fn`
+/// ```
+///
+/// When the attribute reports an error, the function is still emitted unchanged, so the rest of
+/// the crate (and the IDE) sees it and no follow-on errors appear.
+///
+/// [`Display`]: std::fmt::Display
+#[proc_macro_attribute]
+pub fn distributed_lock(
+    args: proc_macro::TokenStream,
+    item: proc_macro::TokenStream,
+) -> proc_macro::TokenStream {
+    let item = TokenStream::from(item);
+    match guard(args.into(), item.clone()) {
+        Ok(expanded) => expanded.into(),
+        Err(error) => {
+            // As tokio-macros does: keep the function as written next to the errors, so the
+            // crate still sees it and no follow-on errors appear.
+            let mut tokens = item;
+            tokens.extend(error.into_compile_error());
+            tokens.into()
+        }
+    }
+}
+
+/// Parse, validate, expand; every error found along the way is reported together.
+fn guard(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+    let func = syn::parse2::<LockedFn>(item);
+    // In an attribute macro the call site is the whole `#[distributed_lock(..)]`.
+    let args = syn::parse2::<RawArgs>(args).and_then(|raw| raw.validate(Span::call_site()));
+    let (func, args) = match (func, args) {
+        (Ok(func), Ok(args)) => (func, args),
+        (Ok(func), Err(args_error)) => {
+            let errors = std::iter::once(args_error).chain(check_signature(&func));
+            return Err(combine(errors).unwrap_or_else(invalid_attribute));
+        }
+        (Err(func_error), Ok(_)) => return Err(func_error),
+        (Err(func_error), Err(args_error)) => {
+            return Err(combine([args_error, func_error]).unwrap_or_else(invalid_attribute));
+        }
+    };
+
+    let mut errors = Vec::new();
+    let key = key::resolve(&args.key, &Bindings::of(&func.sig)).map_err(|error| errors.push(error));
+    errors.extend(check_signature(&func));
+    match (combine(errors), key) {
+        (None, Ok(key)) => Ok(expand::expand(&func, &args, &key)),
+        (Some(error), _) => Err(error),
+        // Unreachable: a failed `resolve` pushed its error, so `combine` returned `Some`.
+        (None, Err(())) => Err(invalid_attribute()),
+    }
+}
+
+fn invalid_attribute() -> syn::Error {
+    syn::Error::new(Span::call_site(), "invalid `#[distributed_lock]` attribute")
+}
+
+/// The item under the attribute, parsed as little as possible (tracing-attributes'
+/// `MaybeItemFn`): the body is kept as tokens and emitted untouched.
+pub(crate) struct LockedFn {
+    pub(crate) attrs: Vec<Attribute>,
+    pub(crate) vis: Visibility,
+    pub(crate) defaultness: Option<Token![default]>,
+    pub(crate) sig: Signature,
+    /// `#![...]` at the top of the body; they stay at the top of the new body.
+    pub(crate) inner_attrs: Vec<Attribute>,
+    pub(crate) body: TokenStream,
+    /// The `;` of a body-less declaration such as `async fn f(&self);` in a trait.
+    pub(crate) missing_body: Option<Token![;]>,
+}
+
+impl Parse for LockedFn {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis: Visibility = input.parse()?;
+        let defaultness: Option<Token![default]> = input.parse()?;
+        if input.fork().parse::<Signature>().is_err() {
+            return Err(input.error(
+                "`#[distributed_lock]` can only be used on an `async fn`, e.g. \
+                 `async fn buy(id: u64) -> Result<(), ShopError>`",
+            ));
+        }
+        let sig: Signature = input.parse()?;
+        if input.peek(Token![;]) {
+            return Ok(LockedFn {
+                attrs,
+                vis,
+                defaultness,
+                sig,
+                inner_attrs: Vec::new(),
+                body: TokenStream::new(),
+                missing_body: Some(input.parse()?),
+            });
+        }
+        let content;
+        braced!(content in input);
+        let inner_attrs = content.call(Attribute::parse_inner)?;
+        let body: TokenStream = content.parse()?;
+        Ok(LockedFn {
+            attrs,
+            vis,
+            defaultness,
+            sig,
+            inner_attrs,
+            body,
+            missing_body: None,
+        })
+    }
+}
+
+/// Everything about the signature that rules out a guarded function.
+fn check_signature(func: &LockedFn) -> Vec<syn::Error> {
+    let sig = &func.sig;
+    let mut errors = Vec::new();
+    if let Some(constness) = &sig.constness {
+        errors.push(syn::Error::new(
+            constness.span,
+            "`#[distributed_lock]` cannot be used on a `const fn`; remove `const`",
+        ));
+    }
+    if let Some(abi) = &sig.abi {
+        let written = match &abi.name {
+            Some(name) => format!("extern {:?}", name.value()),
+            None => "extern".to_owned(),
+        };
+        errors.push(syn::Error::new_spanned(
+            abi,
+            format!("`#[distributed_lock]` cannot be used on an `{written}` function; remove `{written}`"),
+        ));
+    }
+    if sig.asyncness.is_none() && errors.is_empty() {
+        let message = if is_async_trait_output(sig) {
+            "`#[distributed_lock]` cannot be used inside `#[async_trait]`; use a native `async fn` \
+             in the trait instead"
+        } else {
+            "`#[distributed_lock]` can only be used on an `async fn`; add `async` before `fn`"
+        };
+        errors.push(syn::Error::new(sig.fn_token.span, message));
+    }
+    if let Some(semi) = &func.missing_body {
+        errors.push(syn::Error::new(
+            semi.span,
+            format!(
+                "`#[distributed_lock]` needs a function body; put it on the implementations of `{}`",
+                sig.ident
+            ),
+        ));
+    }
+    errors
+}
+
+/// `#[async_trait]` has already turned the method into `fn f<'async_trait>(..) -> Pin<Box<..>>`.
+fn is_async_trait_output(sig: &Signature) -> bool {
+    sig.generics.params.iter().any(|param| {
+        matches!(param, GenericParam::Lifetime(lifetime) if lifetime.lifetime.ident == "async_trait")
+    })
+}
+
+/// Folds several errors into one, as thiserror does; `None` when there are none.
+pub(crate) fn combine(errors: impl IntoIterator<Item = syn::Error>) -> Option<syn::Error> {
+    errors.into_iter().reduce(|mut combined, error| {
+        combined.combine(error);
+        combined
+    })
+}
+
+/// The candidate closest to `name` by edit distance, if it is close enough to be a typo.
+pub(crate) fn similar_name(
+    name: &str,
+    candidates: impl IntoIterator<Item = String>,
+) -> Option<String> {
+    let budget = (name.chars().count() / 3).max(1);
+    candidates
+        .into_iter()
+        .map(|candidate| (edit_distance(name, &candidate), candidate))
+        .filter(|(distance, _)| *distance <= budget)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// Levenshtein distance over `char`s.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = Vec::with_capacity(b.len() + 1);
+        current.push(i + 1);
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            let insertion = current[j] + 1;
+            let deletion = previous[j + 1] + 1;
+            current.push(substitution.min(insertion).min(deletion));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
+mod tests {
+    use super::{LockedFn, check_signature, edit_distance, guard, similar_name};
+    use quote::quote;
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("", ""), 0);
+        assert_eq!(edit_distance("lease", "lease"), 0);
+        assert_eq!(edit_distance("leese", "lease"), 1);
+        assert_eq!(edit_distance("ttl", "key"), 3);
+        assert_eq!(edit_distance("onlost", "on_lost"), 1);
+    }
+
+    #[test]
+    fn similar_names() {
+        let args = || ["key", "lease", "wait"].map(str::to_owned);
+        assert_eq!(similar_name("leas", args()), Some("lease".to_owned()));
+        assert_eq!(similar_name("ttl", args()), None);
+        assert_eq!(
+            similar_name("idd", ["id".to_owned()]),
+            Some("id".to_owned())
+        );
+    }
+
+    fn signature_errors(item: proc_macro2::TokenStream) -> Vec<String> {
+        let func: LockedFn = syn::parse2(item).unwrap();
+        check_signature(&func)
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn signature_checks() {
+        assert!(
+            signature_errors(quote!(
+                async fn f() {}
+            ))
+            .is_empty()
+        );
+        assert_eq!(
+            signature_errors(quote!(
+                fn f() {}
+            )),
+            ["`#[distributed_lock]` can only be used on an `async fn`; add `async` before `fn`"]
+        );
+        assert_eq!(
+            signature_errors(quote!(
+                const fn f() {}
+            )),
+            ["`#[distributed_lock]` cannot be used on a `const fn`; remove `const`"]
+        );
+        assert_eq!(
+            signature_errors(quote!(
+                extern "C" fn f() {}
+            )),
+            [
+                "`#[distributed_lock]` cannot be used on an `extern \"C\"` function; remove `extern \"C\"`"
+            ]
+        );
+        assert_eq!(
+            signature_errors(quote!(
+                async fn f(&self);
+            )),
+            ["`#[distributed_lock]` needs a function body; put it on the implementations of `f`"]
+        );
+        assert_eq!(
+            signature_errors(quote!(
+                fn f<'life0, 'async_trait>(
+                    &'life0 self,
+                ) -> Pin<Box<dyn Future<Output = ()> + Send + 'async_trait>> {
+                    Box::pin(async move {})
+                }
+            )),
+            [
+                "`#[distributed_lock]` cannot be used inside `#[async_trait]`; use a native `async fn` in the trait instead"
+            ]
+        );
+    }
+
+    #[test]
+    fn keeps_inner_attributes_and_body_tokens() {
+        let func: LockedFn = syn::parse2(quote!(
+            #[doc = "x"]
+            pub async fn f() {
+                #![allow(unused)]
+                let x = 1;
+            }
+        ))
+        .unwrap();
+        assert_eq!(func.attrs.len(), 1);
+        assert_eq!(func.inner_attrs.len(), 1);
+        assert_eq!(func.body.to_string(), quote!(let x = 1;).to_string());
+    }
+
+    #[test]
+    fn rejects_items_that_are_not_functions() {
+        let error = syn::parse2::<LockedFn>(quote!(
+            struct S;
+        ))
+        .err()
+        .unwrap();
+        assert!(
+            error
+                .to_string()
+                .starts_with("`#[distributed_lock]` can only be used on an `async fn`")
+        );
+    }
+
+    #[test]
+    fn reports_argument_key_and_signature_errors_together() {
+        let error = guard(
+            quote!(key = "{idd}", lease = "0s"),
+            quote!(
+                fn buy(id: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        )
+        .err()
+        .unwrap();
+        let messages: Vec<String> = error.into_iter().map(|e| e.to_string()).collect();
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        let error = guard(
+            quote!(key = "{idd}"),
+            quote!(
+                fn buy(id: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        )
+        .err()
+        .unwrap();
+        let messages: Vec<String> = error.into_iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            messages,
+            [
+                "key placeholder `{idd}` names no parameter of `buy`; did you mean `{id}`?",
+                "`#[distributed_lock]` can only be used on an `async fn`; add `async` before `fn`",
+            ]
+        );
+    }
+
+    #[test]
+    fn expansion_shape() {
+        let expanded = guard(
+            quote!(
+                key = "stock:{id}:{{x}}",
+                lease = "30s",
+                wait = "0s",
+                watchdog = false,
+                on_lost = "ignore",
+                crate = "dl"
+            ),
+            quote!(
+                pub async fn buy(id: u64) -> Result<impl Display, E> {
+                    Ok(id)
+                }
+            ),
+        )
+        .unwrap()
+        .to_string();
+        for expected in [
+            "pub async fn buy (id : u64) -> Result < impl Display , E >",
+            "let __dlock_key = :: std :: format ! (\"stock:{}:{{x}}\" , id) ;",
+            "dl :: __private :: run (dl :: __private :: lock (__dlock_key) . lease (dl :: __private :: Duration :: from_millis (30000)) . wait (dl :: __private :: Duration :: from_millis (0)) . watchdog (false) , dl :: __private :: OnLost :: Ignore , async move {",
+            "let __dlock_fake_return : Result < _ , E > = loop { } ;",
+            "{ Ok (id) } } ,) . await",
+        ] {
+            assert!(
+                expanded.contains(expected),
+                "{expected}\nnot in\n{expanded}"
+            );
+        }
+    }
+
+    #[test]
+    fn constant_key_and_defaults() {
+        let expanded = guard(
+            quote!(key = "jobs:{{nightly}}"),
+            quote!(
+                async fn f() -> R {
+                    x
+                }
+            ),
+        )
+        .unwrap()
+        .to_string();
+        assert!(
+            expanded.contains(
+                "let __dlock_key = :: std :: string :: String :: from (\"jobs:{nightly}\") ;"
+            ),
+            "{expanded}"
+        );
+        assert!(expanded.contains(":: dlock_runtime :: __private :: lock (__dlock_key) , :: dlock_runtime :: __private :: OnLost :: Cancel"), "{expanded}");
+    }
+}
