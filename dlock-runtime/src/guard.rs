@@ -37,6 +37,7 @@ impl Held {
         sent_at: Instant,
     ) -> Arc<Self> {
         let (watchdog_id, lost) = core.watchdog.register(&key, &owner, lease, renew, sent_at);
+        tracing::debug!(key = %key, ?fence, ?lease, watchdog = renew, "lock acquired");
         Arc::new(Self {
             core: core.clone(),
             key,
@@ -177,11 +178,13 @@ impl LockGuard {
         let core = &held.core;
         match core.backend.release(&held.key, &held.owner).await {
             Ok(Released::Freed) => {
+                tracing::debug!(key = %held.key, "lock released");
                 core.hub.wake(&held.key);
                 Ok(())
             }
             Ok(Released::StillHeld) => Ok(()),
             Ok(Released::NotOwner) => {
+                tracing::warn!(key = %held.key, "release found the lock no longer ours: the lease was lost");
                 core.hub.wake(&held.key);
                 Err(LockError::Lost {
                     key: held.key.clone(),

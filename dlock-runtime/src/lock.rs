@@ -162,6 +162,7 @@ impl LockBuilder {
                 return Err(LockError::Lost { key: self.key });
             }
             CHAIN.with(|c| c.borrow_mut().push(held.clone()));
+            tracing::trace!(key = %held.key, "lock re-entered");
             return Ok(LockGuard::new(held, true));
         }
         let held = acquire_fresh(&core, self.key, lease, wait, self.watchdog).await?;
@@ -220,7 +221,11 @@ pub(crate) fn release_in_background(core: Arc<Core>, key: String, owner: String)
     let handle = core.handle.clone();
     handle.spawn(async move {
         match core.backend.release(&key, &owner).await {
-            Ok(Released::Freed | Released::NotOwner) => core.hub.wake(&key),
+            Ok(Released::Freed) => {
+                tracing::debug!(key = %key, "lock released in the background");
+                core.hub.wake(&key);
+            }
+            Ok(Released::NotOwner) => core.hub.wake(&key),
             Ok(Released::StillHeld) => {}
             Err(err) => {
                 tracing::warn!(key = %key, error = %err, "background release failed; the lock expires with its lease");
@@ -257,6 +262,7 @@ async fn acquire_fresh(
     }
 
     // Slow path, boxed so that the common uncontended acquire stays a small future.
+    tracing::debug!(key = %key, ?wait, "lock busy; waiting for a release");
     Box::pin(wait_in_queue(
         core, key, owner, lease, watchdog, started, deadline,
     ))

@@ -205,6 +205,10 @@ impl Watchdog {
     /// Applies the outcome of one renewal call sent at `sent_at`.
     fn settle(&self, ids: &[u64], sent_at: Instant, outcome: Result<Vec<bool>, crate::LockError>) {
         let now = Instant::now();
+        match &outcome {
+            Ok(renewed) => tracing::trace!(locks = renewed.len(), "leases renewed"),
+            Err(err) => tracing::debug!(locks = ids.len(), error = %err, "renewal failed; retrying"),
+        }
         let mut state = self.state();
         for (i, id) in ids.iter().enumerate() {
             let Some(entry) = state.entries.get_mut(id) else {
@@ -221,10 +225,7 @@ impl Watchdog {
                     entry.lost.fire();
                     state.entries.remove(id);
                 }
-                Err(err) => {
-                    tracing::debug!(key = %entry.key, error = %err, "renewal failed; retrying");
-                    entry.due = now + retry_delay(entry.lease);
-                }
+                Err(_) => entry.due = now + retry_delay(entry.lease),
             }
         }
         drop(state);
