@@ -175,8 +175,32 @@ impl LockGuard {
                 Ok(())
             };
         }
+        // If this future is dropped before the engine answers (or the call fails), finish the
+        // release in the background: owner-checked, so a no-op if it did land.
+        struct Finish<'a> {
+            held: &'a Held,
+            armed: bool,
+        }
+        impl Drop for Finish<'_> {
+            fn drop(&mut self) {
+                if self.armed {
+                    release_in_background(
+                        self.held.core.clone(),
+                        self.held.key.clone(),
+                        self.held.owner.clone(),
+                    );
+                }
+            }
+        }
+        let mut finish = Finish {
+            held: &held,
+            armed: true,
+        };
         let core = &held.core;
-        match core.backend.release(&held.key, &held.owner).await {
+        let result = core.backend.release(&held.key, &held.owner).await;
+        finish.armed = result.is_err();
+        drop(finish);
+        match result {
             Ok(Released::Freed) => {
                 tracing::debug!(key = %held.key, "lock released");
                 core.hub.wake(&held.key);

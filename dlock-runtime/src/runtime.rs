@@ -282,6 +282,10 @@ impl RuntimeBuilder {
                 "`{url}` is not a lock URL; expected e.g. redis://host:port or memory://"
             ))
         })?;
+        let (rest, fragment) = match rest.split_once('#') {
+            Some((rest, fragment)) => (rest, Some(fragment)),
+            None => (rest, None),
+        };
         let (base, query) = match rest.split_once('?') {
             Some((base, query)) => (base, Some(query)),
             None => (rest, None),
@@ -310,7 +314,7 @@ impl RuntimeBuilder {
         }
         self.engine = match scheme {
             "memory" => {
-                if !base.is_empty() || !engine_params.is_empty() {
+                if !base.is_empty() || !engine_params.is_empty() || fragment.is_some() {
                     return Err(LockError::config(format!(
                         "`{url}`: memory:// takes no host and only the prefix, lease, wait and timeout options"
                     )));
@@ -318,10 +322,24 @@ impl RuntimeBuilder {
                 Engine::Memory
             }
             "redis" | "rediss" => {
+                // What the redis client reads; anything else is a typo, not an option.
+                const REDIS_PARAMS: [&str; 4] = ["protocol", "db", "user", "pass"];
+                if let Some(unknown) = engine_params.iter().find(|pair| {
+                    let name = pair.split_once('=').map_or(**pair, |(name, _)| name);
+                    !REDIS_PARAMS.contains(&name)
+                }) {
+                    return Err(LockError::config(format!(
+                        "unknown option `{unknown}` in `{url}`; expected prefix, lease, wait, timeout, protocol, db, user or pass"
+                    )));
+                }
                 let mut redis_url = format!("{scheme}://{base}");
                 if !engine_params.is_empty() {
                     redis_url.push('?');
                     redis_url.push_str(&engine_params.join("&"));
+                }
+                if let Some(fragment) = fragment {
+                    redis_url.push('#');
+                    redis_url.push_str(fragment);
                 }
                 Engine::Redis(redis_url)
             }
@@ -431,6 +449,7 @@ mod tests {
             "memory://?lease=10x",
             "memory://?lease=0s",
             "redis://127.0.0.1:1?timeout=forever",
+            "redis://127.0.0.1:1?dbb=2",
         ] {
             let err = Runtime::from_url(bad).await.expect_err(bad);
             assert!(err.is_invalid_config(), "{bad}: {err}");

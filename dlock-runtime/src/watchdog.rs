@@ -207,7 +207,9 @@ impl Watchdog {
         let now = Instant::now();
         match &outcome {
             Ok(renewed) => tracing::trace!(locks = renewed.len(), "leases renewed"),
-            Err(err) => tracing::debug!(locks = ids.len(), error = %err, "renewal failed; retrying"),
+            Err(err) => {
+                tracing::debug!(locks = ids.len(), error = %err, "renewal failed; retrying")
+            }
         }
         let mut state = self.state();
         for (i, id) in ids.iter().enumerate() {

@@ -154,11 +154,13 @@ impl RedisBackend {
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(redis_error(key, what, e)),
-            Err(_) => Err(LockError::backend(
-                key,
-                format!("{what}: no reply within {:?}", self.timeout),
-                None,
-            )),
+            Err(_) => {
+                let elapsed = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no reply within {:?}", self.timeout),
+                );
+                Err(LockError::backend(key, what, Some(Arc::new(elapsed))))
+            }
         }
     }
 }

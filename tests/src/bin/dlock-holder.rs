@@ -1,0 +1,140 @@
+//! `dlock-holder`: takes dlock locks from a separate OS process, for the end-to-end tests.
+//!
+//! ```text
+//! dlock-holder --url URL --key KEY --mode counter --iterations N [--counter REDIS_KEY]
+//!     N times: acquire KEY, GET the counter, sleep 1 ms, SET it to the value + 1, release.
+//!     The increment is not atomic, so the final count is exact only under mutual exclusion.
+//!     Prints "done N" at the end.
+//! dlock-holder --url URL --key KEY --mode hold --lease-ms L [--watchdog false]
+//!     Acquires KEY with lease L, prints "acquired <fence>" ("acquired none" without a fence)
+//!     and holds it until killed; prints "lost" and exits 3 if the lease is lost.
+//! ```
+
+use std::error::Error;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use dlock_runtime::Runtime;
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+#[derive(Debug)]
+enum Mode {
+    Counter { iterations: u64, counter: String },
+    Hold { lease: Duration, watchdog: bool },
+}
+
+#[derive(Debug)]
+struct Args {
+    url: String,
+    key: String,
+    mode: Mode,
+}
+
+fn parse_args() -> Result<Args, BoxError> {
+    let mut url = None;
+    let mut key = None;
+    let mut mode = None;
+    let mut iterations = 100u64;
+    let mut counter = None;
+    let mut lease_ms = 30_000u64;
+    let mut watchdog = true;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--url" => url = Some(value()?),
+            "--key" => key = Some(value()?),
+            "--mode" => mode = Some(value()?),
+            "--iterations" => iterations = value()?.parse()?,
+            "--counter" => counter = Some(value()?),
+            "--lease-ms" => lease_ms = value()?.parse()?,
+            "--watchdog" => watchdog = value()?.parse()?,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let url = url.ok_or("--url is required")?;
+    let key = key.ok_or("--key is required")?;
+    let mode = match mode.as_deref() {
+        Some("counter") => Mode::Counter {
+            iterations,
+            counter: counter.unwrap_or_else(|| format!("counter:{key}")),
+        },
+        Some("hold") => Mode::Hold {
+            lease: Duration::from_millis(lease_ms),
+            watchdog,
+        },
+        other => return Err(format!("--mode must be counter or hold, got {other:?}").into()),
+    };
+    Ok(Args { url, key, mode })
+}
+
+async fn run(args: Args) -> Result<ExitCode, BoxError> {
+    let rt = Runtime::from_url(&args.url).await?;
+    match args.mode {
+        Mode::Counter {
+            iterations,
+            counter,
+        } => {
+            let mut conn = redis::Client::open(args.url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            for _ in 0..iterations {
+                let guard = rt
+                    .lock(args.key.as_str())
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await?;
+                let value: Option<u64> = redis::cmd("GET")
+                    .arg(&counter)
+                    .query_async(&mut conn)
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let () = redis::cmd("SET")
+                    .arg(&counter)
+                    .arg(value.unwrap_or(0) + 1)
+                    .query_async(&mut conn)
+                    .await?;
+                guard.release().await?;
+            }
+            println!("done {iterations}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Mode::Hold { lease, watchdog } => {
+            let guard = rt
+                .lock(args.key.as_str())
+                .lease(lease)
+                .watchdog(watchdog)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await?;
+            match guard.fence() {
+                Some(fence) => println!("acquired {fence}"),
+                None => println!("acquired none"),
+            }
+            std::io::stdout().flush()?;
+            guard.lost().await;
+            println!("lost");
+            Ok(ExitCode::from(3))
+        }
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("dlock-holder: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("dlock-holder: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

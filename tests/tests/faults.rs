@@ -1,0 +1,343 @@
+//! Real faults and bad input: SCRIPT FLUSH, restart, kill -9 and SIGSTOP of the server give
+//! working locks again or a bounded `Backend` error (never a hang, never the body unlocked);
+//! bad configuration gives `InvalidConfig`.
+
+use std::error::Error as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock_runtime::{LockError, with_lock};
+use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
+
+const LEASE: Duration = Duration::from_secs(30);
+/// Runtime timeout in the fault tests, and the bound they allow for a `Backend` error.
+const TIMEOUT: Duration = Duration::from_secs(1);
+const BACKEND_ERROR_WITHIN: Duration = Duration::from_secs(10);
+
+async fn runtime_with_timeout(server: &RedisServer) -> Runtime {
+    Runtime::builder()
+        .redis(server.url())
+        .timeout(TIMEOUT)
+        .build()
+        .await
+        .expect("runtime")
+}
+
+/// `Backend` errors keep the engine error as `source()`.
+#[track_caller]
+fn assert_has_source(err: &LockError) {
+    assert!(
+        err.source().is_some(),
+        "Backend error without source(): {err:?}"
+    );
+}
+
+/// Checks an error is `Backend` and names the key.
+#[track_caller]
+fn assert_backend_error(err: &LockError, key: &str) {
+    assert!(err.is_backend(), "expected Backend, got {err:?}");
+    assert!(matches!(err, LockError::Backend(..)));
+    let message = err.to_string();
+    assert!(
+        message.contains(key),
+        "message should name the key {key:?}: {message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_while_running_keeps_locks_working() {
+    let server = RedisServer::start();
+    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let key = "faults:flush";
+    // A hold that spans the flush: its renewals and its release need the scripts again.
+    let held = rt
+        .lock(key)
+        .lease(Duration::from_secs(1))
+        .acquire()
+        .await
+        .expect("acquire");
+    let () = server.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!held.is_lost(), "renewal after SCRIPT FLUSH failed");
+    assert!(
+        server.exists(&lock_key(key)).await,
+        "the 1 s lease was not renewed"
+    );
+    held.release().await.expect("release after SCRIPT FLUSH");
+    assert!(
+        !server.exists(&lock_key(key)).await,
+        "release after SCRIPT FLUSH left the key"
+    );
+
+    let () = server.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
+    let guard = rt
+        .lock(key)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .expect("acquire after SCRIPT FLUSH");
+    assert!(server.exists(&lock_key(key)).await);
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_while_idle_next_acquire_works() {
+    let mut server = RedisServer::start();
+    let rt = runtime_with_timeout(&server).await;
+    let key = "faults:restart";
+    rt.lock(key)
+        .acquire()
+        .await
+        .expect("before")
+        .release()
+        .await
+        .expect("release");
+    server.restart();
+    let restarted = Instant::now();
+    loop {
+        match rt.lock(key).lease(LEASE).acquire().await {
+            Ok(guard) => {
+                assert!(
+                    server.exists(&lock_key(key)).await,
+                    "held on the new server"
+                );
+                guard.release().await.expect("release");
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    restarted.elapsed() < Duration::from_secs(5),
+                    "still failing 5 s after the restart: {e}"
+                );
+                println!("after restart: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    println!("working again {:?} after the restart", restarted.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_gives_backend_error_within_bounded_time() {
+    let mut server = RedisServer::start();
+    let rt = runtime_with_timeout(&server).await;
+    let key = "faults:killed";
+    rt.lock(key)
+        .acquire()
+        .await
+        .expect("before")
+        .release()
+        .await
+        .expect("release");
+    server.kill9();
+    let start = Instant::now();
+    let err = tokio::time::timeout(BACKEND_ERROR_WITHIN, rt.lock(key).acquire())
+        .await
+        .expect("acquire against a dead server must not hang")
+        .map(|_guard| ())
+        .expect_err("no server, no lock");
+    println!("acquire failed after {:?}: {err}", start.elapsed());
+    assert_backend_error(&err, key);
+    assert_has_source(&err);
+
+    let body_ran = AtomicBool::new(false);
+    let out = tokio::time::timeout(
+        BACKEND_ERROR_WITHIN,
+        with_lock(rt.lock(key).wait(Duration::from_secs(2)), async {
+            body_ran.store(true, Ordering::SeqCst);
+        }),
+    )
+    .await
+    .expect("with_lock against a dead server must not hang");
+    let err = out.expect_err("no server, no lock");
+    assert_backend_error(&err, key);
+    assert!(
+        !body_ran.load(Ordering::SeqCst),
+        "the body ran without the lock"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_gives_backend_error_within_bounded_time() {
+    let mut server = RedisServer::start();
+    let rt = runtime_with_timeout(&server).await;
+    let key = "faults:paused";
+    rt.lock(key)
+        .acquire()
+        .await
+        .expect("before")
+        .release()
+        .await
+        .expect("release");
+    server.pause();
+    let start = Instant::now();
+    let body_ran = AtomicBool::new(false);
+    let out = tokio::time::timeout(
+        BACKEND_ERROR_WITHIN,
+        with_lock(rt.lock(key), async {
+            body_ran.store(true, Ordering::SeqCst);
+        }),
+    )
+    .await;
+    let took = start.elapsed();
+    server.resume();
+    let err = out
+        .expect("with_lock against a frozen server must not hang")
+        .expect_err("no answer, no lock");
+    println!("with_lock failed after {took:?}: {err}");
+    assert_backend_error(&err, key);
+    assert!(
+        !body_ran.load(Ordering::SeqCst),
+        "the body ran without the lock"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_error_from_an_unanswered_request_keeps_a_source() {
+    let mut server = RedisServer::start();
+    let rt = Runtime::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("runtime");
+    let key = "faults:timeout-source";
+    rt.lock(key)
+        .acquire()
+        .await
+        .expect("before")
+        .release()
+        .await
+        .expect("release");
+    server.pause();
+    let mut errors = Vec::new();
+    for _ in 0..5 {
+        let out = tokio::time::timeout(BACKEND_ERROR_WITHIN, rt.lock(key).acquire()).await;
+        errors.push(
+            out.expect("must not hang")
+                .map(|_guard| ())
+                .expect_err("no answer, no lock"),
+        );
+    }
+    server.resume();
+    for err in &errors {
+        assert_backend_error(err, key);
+        assert_has_source(err);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_gives_backend_error_within_bounded_time() {
+    // A port that was free a moment ago; nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let key = "faults:nobody";
+    let start = Instant::now();
+    let built = tokio::time::timeout(
+        BACKEND_ERROR_WITHIN,
+        Runtime::builder()
+            .redis(format!("redis://127.0.0.1:{port}"))
+            .timeout(TIMEOUT)
+            .build(),
+    )
+    .await
+    .expect("build must not hang");
+    match built {
+        // Connecting eagerly: the error is Backend.
+        Err(err) => assert!(err.is_backend(), "expected Backend, got {err:?}"),
+        // Connecting lazily: the first acquisition fails with Backend.
+        Ok(rt) => {
+            let err = tokio::time::timeout(BACKEND_ERROR_WITHIN, rt.lock(key).acquire())
+                .await
+                .expect("acquire must not hang")
+                .map(|_guard| ())
+                .expect_err("no server, no lock");
+            assert_backend_error(&err, key);
+        }
+    }
+    assert!(start.elapsed() < BACKEND_ERROR_WITHIN);
+}
+
+async fn from_url_error(url: &str) -> LockError {
+    let start = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(5), Runtime::from_url(url))
+        .await
+        .unwrap_or_else(|_| panic!("from_url({url:?}) hangs"));
+    assert_between(
+        &format!("from_url({url:?})"),
+        start.elapsed(),
+        Duration::ZERO,
+        Duration::from_secs(2),
+    );
+    match out {
+        Ok(_) => panic!("from_url({url:?}) accepted a bad URL"),
+        Err(err) => err,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_give_invalid_config() {
+    let server = RedisServer::start();
+    // Controls: good URLs work.
+    Runtime::from_url(&server.url())
+        .await
+        .expect("a good redis URL");
+    Runtime::from_url("memory://").await.expect("memory://");
+    for url in [
+        "http://x",
+        "http://127.0.0.1:2379",
+        "redis://127.0.0.1:notaport",
+        "redis://127.0.0.1:99999",
+        "garbage",
+        "",
+        "://",
+    ] {
+        let err = from_url_error(url).await;
+        assert!(
+            err.is_invalid_config(),
+            "from_url({url:?}): expected InvalidConfig, got {err:?}"
+        );
+        assert!(matches!(err, LockError::InvalidConfig(..)));
+        let message = err.to_string();
+        assert!(!message.is_empty());
+        assert!(
+            !message.starts_with(|c: char| c.is_uppercase()),
+            "messages are lowercase: {message}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_url_options_give_invalid_config() {
+    for url in [
+        "memory://?no_such_option=1",
+        // Port 1: if the option were ignored, this would fail later as Backend, not here.
+        "redis://127.0.0.1:1/?no_such_option=1",
+    ] {
+        let err = from_url_error(url).await;
+        assert!(
+            err.is_invalid_config(),
+            "from_url({url:?}): expected InvalidConfig naming the option, got {err:?}"
+        );
+        assert!(
+            err.to_string().contains("no_such_option"),
+            "the message should name the option: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builder_with_no_engine_is_an_error() {
+    let err = tokio::time::timeout(Duration::from_secs(5), Runtime::builder().build())
+        .await
+        .expect("build must not hang")
+        .map(|_rt| ())
+        .expect_err("a builder with no engine configured must not build");
+    assert!(
+        err.is_invalid_config(),
+        "expected InvalidConfig, got {err:?}"
+    );
+}

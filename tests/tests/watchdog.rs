@@ -1,0 +1,443 @@
+//! Lease renewal and lease loss: the watchdog keeps a short lease alive, `watchdog(false)` makes
+//! the lease a hard cap, a dead holder frees the key after about one lease, and a holder learns
+//! it lost the lock (key deleted, owner replaced, server unreachable) via `lost()` and
+//! `with_lock`'s `Err(Lost)`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock_runtime::{LockError, with_lock};
+use dlock_tests::{
+    Backend, HolderProcess, RedisServer, Runtime, assert_between, lock_key, on_both_backends,
+};
+
+on_both_backends!(
+    watchdog_keeps_one_second_lease_held_for_five_seconds,
+    watchdog_off_lease_is_a_hard_cap_and_lost_resolves,
+    with_lock_without_watchdog_returns_lost_when_lease_runs_out,
+);
+
+async fn watchdog_keeps_one_second_lease_held_for_five_seconds(b: Backend) {
+    let key = "watchdog:renewed";
+    let lease = Duration::from_secs(1);
+    let other = b.other_runtime().await;
+    let guard =
+        b.rt.lock(key)
+            .lease(lease)
+            .acquire()
+            .await
+            .expect("acquire");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        assert!(b.is_held(key).await, "key gone after {:?}", start.elapsed());
+        if let Some(server) = &b.server {
+            let pttl = server.pttl(&lock_key(key)).await;
+            assert!(
+                pttl > 0 && pttl <= 1000,
+                "PTTL {pttl} ms after {:?}: expected 0 < PTTL <= lease",
+                start.elapsed()
+            );
+        }
+        let err = other
+            .lock(key)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .map(|_guard| ())
+            .expect_err("another acquirer must fail while the watchdog renews");
+        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    guard
+        .release()
+        .await
+        .expect("release after 5 s on a 1 s lease");
+}
+
+async fn watchdog_off_lease_is_a_hard_cap_and_lost_resolves(b: Backend) {
+    let key = "watchdog:off";
+    let start = Instant::now();
+    let guard =
+        b.rt.lock(key)
+            .lease(Duration::from_secs(1))
+            .watchdog(false)
+            .acquire()
+            .await
+            .expect("acquire");
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost() must resolve once a 1 s lease without watchdog runs out");
+    let lost_after = start.elapsed();
+    assert!(guard.is_lost());
+    assert_between(
+        "lost() with lease 1 s, no watchdog",
+        lost_after,
+        Duration::from_millis(500),
+        Duration::from_millis(2500),
+    );
+    // The key itself is gone about one lease after the acquisition.
+    b.wait_until_free(key, Duration::from_secs(2)).await;
+    let gone_after = start.elapsed();
+    assert_between(
+        "key gone with lease 1 s, no watchdog",
+        gone_after,
+        Duration::from_millis(900),
+        Duration::from_millis(3000),
+    );
+    let next =
+        b.rt.lock(key)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .expect("another acquirer gets the expired key");
+    assert!(next.fence() > guard.fence());
+}
+
+async fn with_lock_without_watchdog_returns_lost_when_lease_runs_out(b: Backend) {
+    let key = "watchdog:off-with-lock";
+    let completed = AtomicBool::new(false);
+    let start = Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        with_lock(
+            b.rt.lock(key).lease(Duration::from_secs(1)).watchdog(false),
+            async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                completed.store(true, Ordering::SeqCst);
+            },
+        ),
+    )
+    .await
+    .expect("with_lock must end once the lease is lost");
+    let took = start.elapsed();
+    match out {
+        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
+        other => panic!("expected Err(Lost), got {other:?}"),
+    }
+    assert!(
+        !completed.load(Ordering::SeqCst),
+        "the body must be cancelled"
+    );
+    assert_between(
+        "with_lock Err(Lost), lease 1 s, no watchdog",
+        took,
+        Duration::from_millis(500),
+        Duration::from_millis(3000),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_key_after_about_one_lease() {
+    let server = RedisServer::start();
+    let key = "watchdog:killed-holder";
+    let mut holder = HolderProcess::spawn(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        &[
+            "--url",
+            &server.url(),
+            "--key",
+            key,
+            "--mode",
+            "hold",
+            "--lease-ms",
+            "1000",
+        ],
+    );
+    let line = holder.next_line(Duration::from_secs(20)).await;
+    let holder_fence: u64 = line
+        .strip_prefix("acquired ")
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected holder output {line:?}"));
+    // Past the 1 s lease: the holder's watchdog keeps it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        server.exists(&lock_key(key)).await,
+        "the holder's watchdog did not renew"
+    );
+    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    holder.kill9().await;
+    let killed = Instant::now();
+    let guard = rt
+        .lock(key)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the dead holder's lock expires");
+    assert_between(
+        "acquire after kill -9 of a holder with lease 1 s",
+        killed.elapsed(),
+        Duration::from_millis(500),
+        Duration::from_millis(3000),
+    );
+    let fence = guard.fence().expect("fence");
+    assert!(
+        fence > holder_fence,
+        "{fence} must exceed the dead holder's {holder_fence}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_deleted_behind_holders_back_is_lost_within_a_renewal_interval() {
+    let server = RedisServer::start();
+    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let key = "watchdog:deleted";
+    // Renewal every 2 s; without renewal-based detection, loss would show only at ~6 s.
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(6))
+        .acquire()
+        .await
+        .expect("acquire");
+    assert!(server.del(&lock_key(key)).await, "the lock hash exists");
+    let deleted = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("lost() must resolve when the key is deleted");
+    assert_between(
+        "lost() after DEL, lease 6 s",
+        deleted.elapsed(),
+        Duration::ZERO,
+        Duration::from_millis(3500),
+    );
+    assert!(guard.is_lost());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_overwritten_is_lost_and_the_new_owner_survives_release() {
+    let server = RedisServer::start();
+    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let key = "watchdog:overwritten";
+    let hash = lock_key(key);
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(6))
+        .acquire()
+        .await
+        .expect("acquire");
+    // Someone else now owns the key: the hash's `owner` field (see backend/lua/acquire.lua)
+    // names another token, with a long TTL of its own.
+    let mut conn = server.conn().await;
+    let () = redis::pipe()
+        .atomic()
+        .cmd("HSET")
+        .arg(&hash)
+        .arg("owner")
+        .arg("intruder-owner-token")
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg(&hash)
+        .arg(60_000)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("overwrite the owner");
+    let overwritten = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("lost() must resolve when the owner is replaced");
+    assert_between(
+        "lost() after owner overwrite, lease 6 s",
+        overwritten.elapsed(),
+        Duration::ZERO,
+        Duration::from_millis(3500),
+    );
+    let _ = guard.release().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let owner: Option<String> = server
+        .query(redis::cmd("HGET").arg(&hash).arg("owner"))
+        .await;
+    assert_eq!(
+        owner.as_deref(),
+        Some("intruder-owner-token"),
+        "release by the old holder must not touch the new owner's lock"
+    );
+    assert!(
+        server.pttl(&hash).await > 30_000,
+        "the new owner's TTL was changed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_past_lease_is_lost_within_lease_plus_timeout() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(500);
+    let lease = Duration::from_secs(2);
+    let rt = Runtime::builder()
+        .redis(server.url())
+        .timeout(timeout)
+        .build()
+        .await
+        .expect("runtime");
+    let key = "watchdog:paused";
+    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    server.pause();
+    let paused = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(15), guard.lost()).await;
+    let took = paused.elapsed();
+    server.resume();
+    lost.expect("lost() must resolve while the server is unreachable past the lease");
+    // Not before the confirmed expiry (about one lease after acquiring): one failed renewal
+    // alone is not a loss. Not much after lease + timeout either.
+    assert_between(
+        "lost() with the server paused, lease 2 s, timeout 500 ms",
+        took,
+        Duration::from_millis(1500),
+        lease + timeout + Duration::from_millis(1500),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_outage_shorter_than_lease_is_not_a_loss() {
+    let mut server = RedisServer::start();
+    let rt = Runtime::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("runtime");
+    let key = "watchdog:transient";
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(3))
+        .acquire()
+        .await
+        .expect("acquire");
+    let acquired = Instant::now();
+    // The renewal due at ~1 s runs into the pause and times out.
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(1400)).await;
+    server.resume();
+    let other = Runtime::from_url(&server.url()).await.expect("runtime");
+    while acquired.elapsed() < Duration::from_secs(7) {
+        assert!(!guard.is_lost(), "lost after {:?}", acquired.elapsed());
+        assert!(
+            server.pttl(&lock_key(key)).await > 0,
+            "key expired after {:?}",
+            acquired.elapsed()
+        );
+        let err = other
+            .lock(key)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .map(|_guard| ())
+            .expect_err("still held");
+        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_body_cancelled_with_lost_when_key_deleted() {
+    let server = RedisServer::start();
+    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let key = "watchdog:with-lock-deleted";
+    let completed = Arc::new(AtomicBool::new(false));
+    let body_dropped = Arc::new(AtomicBool::new(false));
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let (rt, completed, body_dropped) = (rt.clone(), completed.clone(), body_dropped.clone());
+        tokio::spawn(async move {
+            with_lock(rt.lock(key).lease(Duration::from_secs(6)), async move {
+                struct SetOnDrop(Arc<AtomicBool>);
+                impl Drop for SetOnDrop {
+                    fn drop(&mut self) {
+                        self.0.store(true, Ordering::SeqCst);
+                    }
+                }
+                let _on_drop = SetOnDrop(body_dropped);
+                let _ = held_tx.send(());
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                completed.store(true, Ordering::SeqCst);
+            })
+            .await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), held_rx)
+        .await
+        .expect("body starts")
+        .expect("body signals");
+    assert!(server.del(&lock_key(key)).await);
+    let deleted = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .expect("with_lock must return once the lease is lost")
+        .expect("task");
+    assert_between(
+        "with_lock Err(Lost) after DEL, lease 6 s",
+        deleted.elapsed(),
+        Duration::ZERO,
+        Duration::from_millis(3500),
+    );
+    match out {
+        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
+        other => panic!("expected Err(Lost), got {other:?}"),
+    }
+    assert!(
+        body_dropped.load(Ordering::SeqCst),
+        "the body future must be dropped"
+    );
+    assert!(
+        !completed.load(Ordering::SeqCst),
+        "the body must not run to completion"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_process_loses_the_lock_and_learns_it_on_resume() {
+    let server = RedisServer::start();
+    let key = "watchdog:paused-holder";
+    let mut holder = HolderProcess::spawn(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        &[
+            "--url",
+            &server.url(),
+            "--key",
+            key,
+            "--mode",
+            "hold",
+            "--lease-ms",
+            "1000",
+        ],
+    );
+    let line = holder.next_line(Duration::from_secs(20)).await;
+    let holder_fence: u64 = line
+        .strip_prefix("acquired ")
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected holder output {line:?}"));
+    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    holder.pause();
+    let paused = Instant::now();
+    let guard = rt
+        .lock(key)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("a frozen holder's lease runs out");
+    assert_between(
+        "acquire after SIGSTOP of a holder with lease 1 s",
+        paused.elapsed(),
+        Duration::from_millis(500),
+        Duration::from_millis(3000),
+    );
+    assert!(guard.fence().expect("fence") > holder_fence);
+    // Thawed, the old holder must find out it lost the lock, not carry on as the owner.
+    holder.resume();
+    let resumed = Instant::now();
+    assert_eq!(holder.next_line(Duration::from_secs(5)).await, "lost");
+    println!(
+        "the resumed holder reported the loss after {:?}",
+        resumed.elapsed()
+    );
+    let status = holder.wait(Duration::from_secs(5)).await;
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "dlock-holder exits 3 on a lost lease"
+    );
+    assert!(!guard.is_lost(), "the new holder keeps its lock");
+    guard.release().await.expect("release");
+}
