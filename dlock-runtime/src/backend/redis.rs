@@ -72,6 +72,19 @@ impl Names {
     }
 }
 
+/// The acquire script's one-integer answer (see `lua/acquire.lua`).
+fn decode_acquire(reply: i64) -> Attempt {
+    match reply {
+        fence @ 1.. => Attempt::Acquired {
+            fence: u64::try_from(fence).ok(),
+        },
+        -1 | 0 => Attempt::Busy { ttl: None },
+        busy => Attempt::Busy {
+            ttl: u64::try_from(-2 - busy).ok().map(Duration::from_millis),
+        },
+    }
+}
+
 /// Milliseconds, rounded up (Redis TTLs have millisecond resolution; never round a lease down).
 fn millis_ceil(d: Duration) -> u64 {
     let ms = d.as_nanos().div_ceil(1_000_000);
@@ -212,21 +225,14 @@ impl Backend for RedisBackend {
                 .arg(owner)
                 .arg(millis_ceil(lease))
                 .arg(millis_ceil(lease.saturating_add(FENCE_TTL)));
-            let reply: (i64, i64) = self
+            let reply: i64 = self
                 .call(
                     Some(key),
                     "acquire failed",
                     invocation.invoke_async(&mut conn),
                 )
                 .await?;
-            Ok(match reply {
-                (1 | 2, fence) => Attempt::Acquired {
-                    fence: u64::try_from(fence).ok(),
-                },
-                (_, pttl) => Attempt::Busy {
-                    ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-                },
-            })
+            Ok(decode_acquire(reply))
         })
     }
 
@@ -341,6 +347,29 @@ mod tests {
             assert_eq!(n.key_of_channel(&n.channel(key)), Some(key));
         }
         assert_eq!(n.key_of_channel("other:{x}:released"), None);
+    }
+
+    #[test]
+    fn acquire_answers_decode() {
+        assert_eq!(
+            decode_acquire(1_795_246_357_831_253),
+            Attempt::Acquired {
+                fence: Some(1_795_246_357_831_253)
+            }
+        );
+        assert_eq!(decode_acquire(-1), Attempt::Busy { ttl: None });
+        assert_eq!(
+            decode_acquire(-2),
+            Attempt::Busy {
+                ttl: Some(Duration::ZERO)
+            }
+        );
+        assert_eq!(
+            decode_acquire(-2 - 29_500),
+            Attempt::Busy {
+                ttl: Some(Duration::from_millis(29_500))
+            }
+        );
     }
 
     #[test]

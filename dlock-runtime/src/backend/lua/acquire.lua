@@ -6,27 +6,37 @@
 -- ARGV[2]  lease in milliseconds (the hash's TTL)
 -- ARGV[3]  fence counter TTL in milliseconds
 --
--- Returns {1, fence}  acquired fresh: the counter was bumped, floored at the server clock in
---                     microseconds so that it never goes back after a restart with no data
---         {2, fence}  re-entered by the same owner: hold count + 1, TTL reset, same fence
---         {0, pttl}   held by another owner; pttl is its remaining lease in ms (-1: no TTL)
+-- Returns one integer (cheaper than a table, on the hot path):
+--         fence > 0     acquired fresh (the counter was bumped), or re-entered by the same
+--                       owner (hold count + 1, TTL reset, same fence)
+--         -1            held by another owner, with no TTL on the key
+--         -2 - pttl     held by another owner whose lease has pttl ms left
+--
+-- Fencing: the counter only ever grows while it exists. When it does not exist (first use,
+-- expired, or the server restarted with no data) it starts at the server clock in
+-- microseconds, which is above every token an earlier counter of this key gave out: that one
+-- started at its own creation time in microseconds and grew by one per acquisition, far slower
+-- than one per microsecond. So the counter needs no TTL refresh; it expires ARGV[3] after its
+-- creation and the next acquisition floors it again.
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner == false then
   local fence = redis.call('INCR', KEYS[2])
-  local now = redis.call('TIME')
-  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if fence < floor then
-    redis.call('INCRBY', KEYS[2], floor - fence)
-    fence = floor
+  if fence == 1 then
+    local now = redis.call('TIME')
+    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    redis.call('PSETEX', KEYS[2], ARGV[3], string.format('%d', fence))
   end
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1, 'fence', fence)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, fence}
+  return fence
 end
 if owner == ARGV[1] then
   redis.call('HINCRBY', KEYS[1], 'count', 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {2, tonumber(redis.call('HGET', KEYS[1], 'fence'))}
+  return tonumber(redis.call('HGET', KEYS[1], 'fence'))
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < 0 then
+  return -1
+end
+return -2 - pttl
