@@ -36,7 +36,10 @@ impl Held {
         renew: bool,
         sent_at: Instant,
     ) -> Arc<Self> {
-        let (watchdog_id, lost) = core.watchdog.register(&key, &owner, lease, renew, sent_at);
+        let drift = core.backend.clock_drift(lease);
+        let (watchdog_id, lost) = core
+            .watchdog
+            .register(&key, &owner, lease, drift, renew, sent_at);
         tracing::debug!(key = %key, ?fence, ?lease, watchdog = renew, "lock acquired");
         Arc::new(Self {
             core: core.clone(),
@@ -151,6 +154,13 @@ impl LockGuard {
     /// `watchdog(false)`: when the lease ends). Never resolves while the lock is safely held.
     pub async fn lost(&self) {
         self.held.lost.wait().await;
+    }
+
+    /// How long the lock stays ours if no renewal succeeds from now on: the confirmed
+    /// validity of the lease (for Redlock, the lease minus the time the acquisition took and
+    /// the clock-drift allowance). Zero once lost.
+    pub fn valid_for(&self) -> Duration {
+        self.held.lost.valid_for()
     }
 
     /// Whether the lease is known lost.

@@ -25,5 +25,6 @@ pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use lock::{LockBuilder, OnLost, current_fence, lock, with_lock};
 pub use runtime::{
-    DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_LEASE, Runtime, RuntimeBuilder,
+    DEFAULT_LEASE, DEFAULT_NODE_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_LEASE, Runtime,
+    RuntimeBuilder,
 };

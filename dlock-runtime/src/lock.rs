@@ -149,6 +149,7 @@ impl LockBuilder {
         }
         let lease = self.lease.unwrap_or(core.default_lease);
         validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
+        core.backend.check_lease(lease)?;
         let wait = self.wait.unwrap_or(core.default_wait);
 
         // One task-local lookup: `Err` outside any call chain, else the hold to re-enter.

@@ -195,7 +195,7 @@ impl Runtime {
         &self.core.prefix
     }
 
-    /// The engine's name: `"redis"`, `"memory"`.
+    /// The engine's name: `"redis"`, `"redlock"`, `"memory"`.
     pub fn engine(&self) -> &'static str {
         self.core.engine
     }
@@ -211,7 +211,11 @@ enum Engine {
     Unset,
     Memory,
     Redis(String),
+    Redlock(Vec<String>),
 }
+
+/// Default per-node timeout of Redlock calls.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Configures a [`Runtime`]; see [`Runtime::builder`].
 #[derive(Debug, Clone)]
@@ -221,6 +225,7 @@ pub struct RuntimeBuilder {
     default_lease: Duration,
     default_wait: Duration,
     timeout: Duration,
+    node_timeout: Duration,
 }
 
 impl Default for RuntimeBuilder {
@@ -231,6 +236,7 @@ impl Default for RuntimeBuilder {
             default_lease: DEFAULT_LEASE,
             default_wait: Duration::ZERO,
             timeout: DEFAULT_TIMEOUT,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
         }
     }
 }
@@ -240,6 +246,26 @@ impl RuntimeBuilder {
     /// `tls`). Needs Redis 6 or newer (RESP3 pushes carry the release notifications).
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.engine = Engine::Redis(url.into());
+        self
+    }
+
+    /// Redlock over N independent Redis masters (at least 3), one URL per node; each node may
+    /// carry its own password, db or TLS: `.redlock(["redis://h1:6379", "redis://h2:6379",
+    /// "redis://h3:6379"])`. A lock is held by a majority; `fence()` is `None` (no strictly
+    /// increasing token across holders is possible). See [`node_timeout`](Self::node_timeout).
+    pub fn redlock<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.engine = Engine::Redlock(urls.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Bound on each Redlock node's answer (default 100 ms): far below the lease, so that a
+    /// node that is down or paused costs at most this much per attempt.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
         self
     }
 
@@ -309,6 +335,7 @@ impl RuntimeBuilder {
                 "lease" => self.default_lease = duration()?,
                 "wait" => self.default_wait = duration()?,
                 "timeout" => self.timeout = duration()?,
+                "node_timeout" => self.node_timeout = duration()?,
                 _ => engine_params.push(pair),
             }
         }
@@ -321,7 +348,7 @@ impl RuntimeBuilder {
                 }
                 Engine::Memory
             }
-            "redis" | "rediss" => {
+            "redis" | "rediss" | "redlock" => {
                 // What the redis client reads; anything else is a typo, not an option.
                 const REDIS_PARAMS: [&str; 4] = ["protocol", "db", "user", "pass"];
                 if let Some(unknown) = engine_params.iter().find(|pair| {
@@ -329,23 +356,36 @@ impl RuntimeBuilder {
                     !REDIS_PARAMS.contains(&name)
                 }) {
                     return Err(LockError::config(format!(
-                        "unknown option `{unknown}` in `{url}`; expected prefix, lease, wait, timeout, protocol, db, user or pass"
+                        "unknown option `{unknown}` in `{url}`; expected prefix, lease, wait, timeout, node_timeout, protocol, db, user or pass"
                     )));
                 }
-                let mut redis_url = format!("{scheme}://{base}");
-                if !engine_params.is_empty() {
-                    redis_url.push('?');
-                    redis_url.push_str(&engine_params.join("&"));
+                let node_url = |node_scheme: &str, host: &str| {
+                    let mut node = format!("{node_scheme}://{host}");
+                    if !engine_params.is_empty() {
+                        node.push('?');
+                        node.push_str(&engine_params.join("&"));
+                    }
+                    if let Some(fragment) = fragment {
+                        node.push('#');
+                        node.push_str(fragment);
+                    }
+                    node
+                };
+                if scheme == "redlock" {
+                    let hosts: Vec<&str> = base.trim_end_matches('/').split(',').collect();
+                    if hosts.iter().any(|h| h.trim().is_empty()) {
+                        return Err(LockError::config(format!(
+                            "`{url}`: expected redlock://host1:port1,host2:port2,host3:port3"
+                        )));
+                    }
+                    Engine::Redlock(hosts.iter().map(|h| node_url("redis", h.trim())).collect())
+                } else {
+                    Engine::Redis(node_url(scheme, base))
                 }
-                if let Some(fragment) = fragment {
-                    redis_url.push('#');
-                    redis_url.push_str(fragment);
-                }
-                Engine::Redis(redis_url)
             }
             other => {
                 return Err(LockError::config(format!(
-                    "unsupported scheme `{other}` in `{url}`; expected one of redis, rediss, memory"
+                    "unsupported scheme `{other}` in `{url}`; expected one of redis, rediss, redlock, memory"
                 )));
             }
         };
@@ -390,11 +430,25 @@ impl RuntimeBuilder {
                 .await?;
                 (Arc::new(backend), "redis")
             }
+            #[cfg(feature = "redis")]
+            Engine::Redlock(urls) => {
+                if self.node_timeout.is_zero() {
+                    return Err(LockError::config("node_timeout must be greater than zero"));
+                }
+                let backend = crate::backend::redlock::RedlockBackend::connect(
+                    &urls,
+                    self.prefix.clone(),
+                    hub.clone(),
+                    format!("{id:016x}"),
+                    self.node_timeout,
+                )?;
+                (Arc::new(backend), "redlock")
+            }
             #[cfg(not(feature = "redis"))]
-            Engine::Redis(url) => {
-                return Err(LockError::config(format!(
-                    "`{url}` needs the `redis` feature of dlock-runtime"
-                )));
+            Engine::Redis(_) | Engine::Redlock(_) => {
+                return Err(LockError::config(
+                    "Redis and Redlock need the `redis` feature of dlock-runtime",
+                ));
             }
         };
         let watchdog = Arc::new(Watchdog::default());
@@ -450,6 +504,9 @@ mod tests {
             "memory://?lease=0s",
             "redis://127.0.0.1:1?timeout=forever",
             "redis://127.0.0.1:1?dbb=2",
+            "redlock://127.0.0.1:1,,127.0.0.1:3",
+            "redlock://127.0.0.1:1,127.0.0.1:2",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=0s",
         ] {
             let err = Runtime::from_url(bad).await.expect_err(bad);
             assert!(err.is_invalid_config(), "{bad}: {err}");

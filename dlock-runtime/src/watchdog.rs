@@ -11,7 +11,7 @@
 //! With `watchdog(false)` an entry is never renewed: its validity is the hard cap.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -21,13 +21,45 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Renewal};
 
 /// Resolves the holders of one lock once its lease is known lost.
-#[derive(Debug, Default)]
+/// The lease state of one held lock, shared by its guards and the watchdog: the lost signal
+/// and the confirmed validity.
+#[derive(Debug)]
 pub(crate) struct LostSignal {
     lost: AtomicBool,
     notify: Arc<Notify>,
+    /// Reference point for `valid_nanos`.
+    base: Instant,
+    /// Confirmed validity, as nanoseconds after `base`.
+    valid_nanos: AtomicU64,
+}
+
+impl Default for LostSignal {
+    fn default() -> Self {
+        Self {
+            lost: AtomicBool::new(false),
+            notify: Arc::default(),
+            base: Instant::now(),
+            valid_nanos: AtomicU64::new(0),
+        }
+    }
 }
 
 impl LostSignal {
+    fn set_valid_until(&self, until: Instant) {
+        let nanos = until.saturating_duration_since(self.base).as_nanos();
+        self.valid_nanos
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// How long the lock stays ours if no renewal succeeds from now on (zero once lost).
+    pub(crate) fn valid_for(&self) -> Duration {
+        if self.is_lost() {
+            return Duration::ZERO;
+        }
+        let until = self.base + Duration::from_nanos(self.valid_nanos.load(Ordering::Acquire));
+        until.saturating_duration_since(Instant::now())
+    }
+
     pub(crate) fn fire(&self) {
         self.lost.store(true, Ordering::Release);
         self.notify.notify_waiters();
@@ -65,6 +97,8 @@ struct Entry {
     key: String,
     owner: String,
     lease: Duration,
+    /// Part of the lease not counted on (engine clock drift).
+    drift: Duration,
     renew: bool,
     due: Instant,
     valid_until: Instant,
@@ -122,15 +156,18 @@ impl Watchdog {
         key: &str,
         owner: &str,
         lease: Duration,
+        drift: Duration,
         renew: bool,
         sent_at: Instant,
     ) -> (u64, Arc<LostSignal>) {
         let lost = Arc::new(LostSignal::default());
-        let valid_until = sent_at + lease;
+        let valid_until = sent_at + lease.saturating_sub(drift);
+        lost.set_valid_until(valid_until);
         let entry = Entry {
             key: key.to_owned(),
             owner: owner.to_owned(),
             lease,
+            drift,
             renew,
             due: sent_at + lease / 3,
             valid_until,
@@ -203,7 +240,12 @@ impl Watchdog {
     }
 
     /// Applies the outcome of one renewal call sent at `sent_at`.
-    fn settle(&self, ids: &[u64], sent_at: Instant, outcome: Result<Vec<bool>, crate::LockError>) {
+    fn settle(
+        &self,
+        ids: &[u64],
+        sent_at: Instant,
+        outcome: Result<Vec<Option<bool>>, crate::LockError>,
+    ) {
         let now = Instant::now();
         match &outcome {
             Ok(renewed) => tracing::trace!(locks = renewed.len(), "leases renewed"),
@@ -217,17 +259,20 @@ impl Watchdog {
                 continue; // released meanwhile
             };
             entry.in_flight = false;
-            match &outcome {
-                Ok(renewed) if renewed.get(i).copied().unwrap_or(false) => {
-                    entry.valid_until = sent_at + entry.lease;
+            match outcome.as_ref().map(|r| r.get(i).copied().flatten()) {
+                Ok(Some(true)) => {
+                    entry.valid_until = sent_at + entry.lease.saturating_sub(entry.drift);
                     entry.due = sent_at + entry.lease / 3;
+                    entry.lost.set_valid_until(entry.valid_until);
                 }
-                Ok(_) => {
+                Ok(Some(false)) => {
                     tracing::warn!(key = %entry.key, "lease lost: the engine says the lock is no longer ours");
                     entry.lost.fire();
                     state.entries.remove(id);
                 }
-                Err(_) => entry.due = now + retry_delay(entry.lease),
+                // Not determined (engine error, or too few nodes answered): retry; the local
+                // clock declares the loss if no renewal is confirmed before the validity ends.
+                Ok(None) | Err(_) => entry.due = now + retry_delay(entry.lease),
             }
         }
         drop(state);
@@ -293,7 +338,7 @@ mod tests {
         let lease = Duration::from_secs(3);
         let sent = Instant::now();
         backend.try_acquire("k", "a", lease).await.ok();
-        let (_id, lost) = wd.register("k", "a", lease, true, sent);
+        let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, sent);
         tokio::time::sleep(Duration::from_secs(20)).await;
         assert!(!lost.is_lost());
         let busy = backend.try_acquire("k", "b", lease).await.ok();
@@ -306,7 +351,7 @@ mod tests {
         let lease = Duration::from_secs(2);
         let sent = Instant::now();
         backend.try_acquire("k", "a", lease).await.ok();
-        let (_id, lost) = wd.register("k", "a", lease, false, sent);
+        let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, false, sent);
         tokio::time::sleep(Duration::from_millis(1990)).await;
         assert!(!lost.is_lost());
         tokio::time::timeout(Duration::from_millis(20), lost.wait())
@@ -320,7 +365,7 @@ mod tests {
         let lease = Duration::from_secs(3);
         let sent = Instant::now();
         backend.try_acquire("k", "a", lease).await.ok();
-        let (_id, lost) = wd.register("k", "a", lease, true, sent);
+        let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, sent);
         backend.force_unlock("k").await.ok();
         tokio::time::timeout(lease / 3 + Duration::from_millis(10), lost.wait())
             .await
@@ -346,7 +391,7 @@ mod tests {
         fn renew<'a>(
             &'a self,
             batch: &'a [Renewal],
-        ) -> crate::backend::BoxFuture<'a, Result<Vec<bool>, crate::LockError>> {
+        ) -> crate::backend::BoxFuture<'a, Result<Vec<Option<bool>>, crate::LockError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.fail.load(Ordering::SeqCst) {
                 return Box::pin(async {
@@ -405,7 +450,10 @@ mod tests {
         for i in 0..1000 {
             let key = format!("k{i}");
             backend.try_acquire(&key, "a", lease).await.ok();
-            lost.push(wd.register(&key, "a", lease, true, Instant::now()).1);
+            lost.push(
+                wd.register(&key, "a", lease, Duration::ZERO, true, Instant::now())
+                    .1,
+            );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let before = counting.calls.load(Ordering::SeqCst);
@@ -437,7 +485,7 @@ mod tests {
         tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
         let lease = Duration::from_secs(3);
         backend.try_acquire("k", "a", lease).await.ok();
-        let (_id, lost) = wd.register("k", "a", lease, true, Instant::now());
+        let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now());
         // First renewal (at 1 s) succeeds: the lease is confirmed until about 4 s.
         tokio::time::sleep(Duration::from_millis(1100)).await;
         failing.fail.store(true, Ordering::SeqCst);

@@ -130,8 +130,11 @@ impl Backend for MemoryBackend {
         Box::pin(async move { Ok(attempt) })
     }
 
-    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, LockError>> {
-        let renewed = self.renew_now(batch);
+    fn renew<'a>(
+        &'a self,
+        batch: &'a [Renewal],
+    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
+        let renewed = self.renew_now(batch).into_iter().map(Some).collect();
         Box::pin(async move { Ok(renewed) })
     }
 

@@ -13,6 +13,8 @@ use crate::LockError;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(feature = "redis")]
+pub(crate) mod redlock;
 
 /// A boxed, `Send` future borrowed from the backend: the runtime erases the type once here so
 /// that a `Runtime` can be stored in a global.
@@ -56,9 +58,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Attempt, LockError>>;
 
-    /// Renews every lock in `batch` (owner-checked); one `bool` per item, `false` when the
-    /// lock is no longer ours.
-    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, LockError>>;
+    /// Renews every lock in `batch` (owner-checked); one answer per item: `Some(true)`
+    /// renewed, `Some(false)` no longer ours (lost), `None` not determined this time (retried,
+    /// not a loss).
+    fn renew<'a>(
+        &'a self,
+        batch: &'a [Renewal],
+    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>>;
 
     /// Owner-checked release of one hold.
     fn release<'a>(
@@ -79,6 +85,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Stops the notifications started by [`Backend::watch`].
     fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
+
+    /// Rejects a lease the engine cannot honour (e.g. shorter than Redlock's allowances).
+    fn check_lease(&self, _lease: Duration) -> Result<(), LockError> {
+        Ok(())
+    }
+
+    /// How much of a lease the runtime must not count on, for clock drift between the engine's
+    /// nodes and this process: the lock is valid until `sent + lease - clock_drift(lease)`.
+    fn clock_drift(&self, _lease: Duration) -> Duration {
+        Duration::ZERO
+    }
 
     /// Renewal batch size the engine handles in one call.
     fn renew_batch_limit(&self) -> usize {

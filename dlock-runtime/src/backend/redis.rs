@@ -105,6 +105,47 @@ impl RedisBackend {
         origin: String,
         timeout: Duration,
     ) -> Result<Self, LockError> {
+        let (client, config, names) = Self::open(url, prefix, hub, &origin, timeout)?;
+        let conn =
+            tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
+                .await
+                .map_err(|_| {
+                    let elapsed = std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no connection within {timeout:?}"),
+                    );
+                    LockError::backend(
+                        None,
+                        format!("cannot connect to {url}"),
+                        Some(Arc::new(elapsed)),
+                    )
+                })?
+                .map_err(|e| redis_error(None, &format!("cannot connect to {url}"), e))?;
+        Ok(Self::with_connection(conn, names, origin, timeout))
+    }
+
+    /// Like [`RedisBackend::connect`], but connects on first use: a node that is down now
+    /// answers each call with an error (Redlock tolerates a minority of those).
+    pub(crate) fn connect_lazy(
+        url: &str,
+        prefix: String,
+        hub: Arc<WaitHub>,
+        origin: String,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let (client, config, names) = Self::open(url, prefix, hub, &origin, timeout)?;
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| redis_error(None, &format!("cannot set up a connection to {url}"), e))?;
+        Ok(Self::with_connection(conn, names, origin, timeout))
+    }
+
+    fn open(
+        url: &str,
+        prefix: String,
+        hub: Arc<WaitHub>,
+        origin: &str,
+        timeout: Duration,
+    ) -> Result<(redis::Client, ConnectionManagerConfig, Names), LockError> {
         let info = url
             .into_connection_info()
             .map_err(|e| LockError::config(format!("bad redis url `{url}`: {e}")))?;
@@ -115,10 +156,9 @@ impl RedisBackend {
         let info = info.set_redis_settings(settings);
         let client = redis::Client::open(info)
             .map_err(|e| LockError::config(format!("bad redis url `{url}`: {e}")))?;
-
         let names = Names { prefix };
         let push_names = names.clone();
-        let push_origin = origin.clone();
+        let push_origin = origin.to_owned();
         let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
             on_push(&hub, &push_names, &push_origin, push);
             Ok(())
@@ -131,19 +171,16 @@ impl RedisBackend {
             .set_max_delay(Duration::from_millis(500))
             .set_push_sender(on_push)
             .set_automatic_resubscription();
-        let conn =
-            tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
-                .await
-                .map_err(|_| {
-                    LockError::backend(
-                        None,
-                        format!("no connection to {url} within {timeout:?}"),
-                        None,
-                    )
-                })?
-                .map_err(|e| redis_error(None, &format!("cannot connect to {url}"), e))?;
+        Ok((client, config, names))
+    }
 
-        Ok(Self {
+    fn with_connection(
+        conn: ConnectionManager,
+        names: Names,
+        origin: String,
+        timeout: Duration,
+    ) -> Self {
+        Self {
             conn,
             names,
             origin,
@@ -154,7 +191,7 @@ impl RedisBackend {
                 release: Script::new(include_str!("lua/release.lua")),
                 force_unlock: Script::new(include_str!("lua/force_unlock.lua")),
             },
-        })
+        }
     }
 
     /// Runs one call with the response bound, mapping errors to `Backend` naming the key.
@@ -236,7 +273,10 @@ impl Backend for RedisBackend {
         })
     }
 
-    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, LockError>> {
+    fn renew<'a>(
+        &'a self,
+        batch: &'a [Renewal],
+    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
             let mut invocation = self.scripts.renew.prepare_invoke();
@@ -250,7 +290,7 @@ impl Backend for RedisBackend {
             let reply: Vec<i64> = self
                 .call(key, "renewal failed", invocation.invoke_async(&mut conn))
                 .await?;
-            Ok(reply.into_iter().map(|r| r == 1).collect())
+            Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
         })
     }
 
