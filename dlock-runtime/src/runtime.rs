@@ -195,7 +195,7 @@ impl Runtime {
         &self.core.prefix
     }
 
-    /// The engine's name: `"redis"`, `"redlock"`, `"memory"`.
+    /// The engine's name: `"redis"`, `"redis-cluster"`, `"redlock"`, `"memory"`.
     pub fn engine(&self) -> &'static str {
         self.core.engine
     }
@@ -211,6 +211,7 @@ enum Engine {
     Unset,
     Memory,
     Redis(String),
+    RedisCluster(Vec<String>),
     Redlock(Vec<String>),
 }
 
@@ -246,6 +247,20 @@ impl RuntimeBuilder {
     /// `tls`). Needs Redis 6 or newer (RESP3 pushes carry the release notifications).
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.engine = Engine::Redis(url.into());
+        self
+    }
+
+    /// A Redis Cluster (Redis 7 or newer), one seed URL per node (any reachable subset is
+    /// enough): `.redis_cluster(["redis://h1:7000", "redis://h2:7001"])`. Each lock lives on the
+    /// shard of its key's hash slot; notifications use sharded pub/sub; MOVED/ASK redirects and
+    /// failovers are followed. A lock lost in a failover (the promoted replica never saw it) is
+    /// reported lost at the next renewal.
+    pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.engine = Engine::RedisCluster(seeds.into_iter().map(Into::into).collect());
         self
     }
 
@@ -348,7 +363,7 @@ impl RuntimeBuilder {
                 }
                 Engine::Memory
             }
-            "redis" | "rediss" | "redlock" => {
+            "redis" | "rediss" | "redlock" | "redis+cluster" | "rediss+cluster" => {
                 // What the redis client reads; anything else is a typo, not an option.
                 const REDIS_PARAMS: [&str; 4] = ["protocol", "db", "user", "pass"];
                 if let Some(unknown) = engine_params.iter().find(|pair| {
@@ -371,21 +386,37 @@ impl RuntimeBuilder {
                     }
                     node
                 };
-                if scheme == "redlock" {
+                let hosts = || -> Result<Vec<&str>, LockError> {
                     let hosts: Vec<&str> = base.trim_end_matches('/').split(',').collect();
                     if hosts.iter().any(|h| h.trim().is_empty()) {
                         return Err(LockError::config(format!(
-                            "`{url}`: expected redlock://host1:port1,host2:port2,host3:port3"
+                            "`{url}`: expected {scheme}://host1:port1,host2:port2,..."
                         )));
                     }
-                    Engine::Redlock(hosts.iter().map(|h| node_url("redis", h.trim())).collect())
-                } else {
-                    Engine::Redis(node_url(scheme, base))
+                    Ok(hosts)
+                };
+                match scheme {
+                    "redlock" => Engine::Redlock(
+                        hosts()?
+                            .iter()
+                            .map(|h| node_url("redis", h.trim()))
+                            .collect(),
+                    ),
+                    "redis+cluster" | "rediss+cluster" => {
+                        let node_scheme = scheme.trim_end_matches("+cluster");
+                        Engine::RedisCluster(
+                            hosts()?
+                                .iter()
+                                .map(|h| node_url(node_scheme, h.trim()))
+                                .collect(),
+                        )
+                    }
+                    _ => Engine::Redis(node_url(scheme, base)),
                 }
             }
             other => {
                 return Err(LockError::config(format!(
-                    "unsupported scheme `{other}` in `{url}`; expected one of redis, rediss, redlock, memory"
+                    "unsupported scheme `{other}` in `{url}`; expected one of redis, rediss, redis+cluster, redlock, memory"
                 )));
             }
         };
@@ -431,6 +462,23 @@ impl RuntimeBuilder {
                 (Arc::new(backend), "redis")
             }
             #[cfg(feature = "redis")]
+            Engine::RedisCluster(seeds) => {
+                if seeds.is_empty() {
+                    return Err(LockError::config(
+                        "redis_cluster needs at least one seed URL",
+                    ));
+                }
+                let backend = crate::backend::redis::RedisBackend::connect_cluster(
+                    &seeds,
+                    self.prefix.clone(),
+                    hub.clone(),
+                    format!("{id:016x}"),
+                    self.timeout,
+                )
+                .await?;
+                (Arc::new(backend), "redis-cluster")
+            }
+            #[cfg(feature = "redis")]
             Engine::Redlock(urls) => {
                 if self.node_timeout.is_zero() {
                     return Err(LockError::config("node_timeout must be greater than zero"));
@@ -445,7 +493,7 @@ impl RuntimeBuilder {
                 (Arc::new(backend), "redlock")
             }
             #[cfg(not(feature = "redis"))]
-            Engine::Redis(_) | Engine::Redlock(_) => {
+            Engine::Redis(_) | Engine::RedisCluster(_) | Engine::Redlock(_) => {
                 return Err(LockError::config(
                     "Redis and Redlock need the `redis` feature of dlock-runtime",
                 ));
@@ -505,6 +553,7 @@ mod tests {
             "redis://127.0.0.1:1?timeout=forever",
             "redis://127.0.0.1:1?dbb=2",
             "redlock://127.0.0.1:1,,127.0.0.1:3",
+            "redis+cluster://",
             "redlock://127.0.0.1:1,127.0.0.1:2",
             "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=0s",
         ] {

@@ -35,6 +35,7 @@ async fn release(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner:
         .arg(owner)
         .arg(released_channel(key))
         .arg("test")
+        .arg("PUBLISH")
         .invoke_async(conn)
         .await
         .unwrap()

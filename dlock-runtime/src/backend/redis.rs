@@ -1,5 +1,7 @@
-//! Standalone Redis (`redis://`, `rediss://`): Lua scripts on one RESP3 connection that carries
-//! both the commands and the pub/sub pushes.
+//! Redis (`redis://`, `rediss://`) and Redis Cluster (`redis+cluster://`): Lua scripts on a
+//! RESP3 connection that carries both the commands and the pub/sub pushes. On Cluster every
+//! name of one lock shares a hash slot, so each script runs on the key's shard, and the release
+//! notification uses sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`), which follows the shard.
 //!
 //! Layout, every name of one lock in one hash slot:
 //! - lock hash `<prefix>{<key>}`: `owner`, `count` (hold count), `fence`; its TTL is the lease;
@@ -11,10 +13,12 @@
 //! published while the subscription was down reached nobody), and every wait is bounded by
 //! the holder's TTL anyway.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
 use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisError, Script, Value};
 
 use super::{Attempt, Backend, BoxFuture, Released, Renewal};
@@ -36,8 +40,81 @@ struct Scripts {
     force_unlock: Script,
 }
 
+/// One server (reconnecting, resubscribing) or a cluster (slot-routed, MOVED/ASK and failover
+/// handled by the client).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    fn publish_command(&self) -> &'static str {
+        match self {
+            Self::Single(_) => "PUBLISH",
+            Self::Cluster(_) => "SPUBLISH",
+        }
+    }
+}
+
+/// The hash slot of a key (CRC16/XMODEM of its hash tag, mod 16384), as Redis Cluster computes
+/// it: renewals are batched per slot there.
+fn hash_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in tagged {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
 pub(crate) struct RedisBackend {
-    conn: ConnectionManager,
+    conn: Conn,
     names: Names,
     origin: String,
     timeout: Duration,
@@ -121,7 +198,12 @@ impl RedisBackend {
                     )
                 })?
                 .map_err(|e| redis_error(None, &format!("cannot connect to {url}"), e))?;
-        Ok(Self::with_connection(conn, names, origin, timeout))
+        Ok(Self::with_connection(
+            Conn::Single(conn),
+            names,
+            origin,
+            timeout,
+        ))
     }
 
     /// Like [`RedisBackend::connect`], but connects on first use: a node that is down now
@@ -136,7 +218,59 @@ impl RedisBackend {
         let (client, config, names) = Self::open(url, prefix, hub, &origin, timeout)?;
         let conn = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| redis_error(None, &format!("cannot set up a connection to {url}"), e))?;
-        Ok(Self::with_connection(conn, names, origin, timeout))
+        Ok(Self::with_connection(
+            Conn::Single(conn),
+            names,
+            origin,
+            timeout,
+        ))
+    }
+
+    /// Connects to a Redis Cluster through any of its `seeds` (one URL per node).
+    pub(crate) async fn connect_cluster(
+        seeds: &[String],
+        prefix: String,
+        hub: Arc<WaitHub>,
+        origin: String,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let names = Names { prefix };
+        let push_names = names.clone();
+        let push_origin = origin.clone();
+        let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
+            on_push(&hub, &push_names, &push_origin, push);
+            Ok(())
+        };
+        let seeds_text = seeds.join(",");
+        let client = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(on_push)
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .build()
+            .map_err(|e| LockError::config(format!("bad cluster seeds `{seeds_text}`: {e}")))?;
+        let conn = tokio::time::timeout(timeout, client.get_async_connection())
+            .await
+            .map_err(|_| {
+                let elapsed = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no connection within {timeout:?}"),
+                );
+                LockError::backend(
+                    None,
+                    format!("cannot connect to cluster {seeds_text}"),
+                    Some(Arc::new(elapsed)),
+                )
+            })?
+            .map_err(|e| {
+                redis_error(None, &format!("cannot connect to cluster {seeds_text}"), e)
+            })?;
+        Ok(Self::with_connection(
+            Conn::Cluster(conn),
+            names,
+            origin,
+            timeout,
+        ))
     }
 
     fn open(
@@ -174,12 +308,7 @@ impl RedisBackend {
         Ok((client, config, names))
     }
 
-    fn with_connection(
-        conn: ConnectionManager,
-        names: Names,
-        origin: String,
-        timeout: Duration,
-    ) -> Self {
+    fn with_connection(conn: Conn, names: Names, origin: String, timeout: Duration) -> Self {
         Self {
             conn,
             names,
@@ -224,7 +353,7 @@ fn on_push(hub: &WaitHub, names: &Names, origin: &str, push: PushInfo) {
         names.key_of_channel(&channel).map(str::to_owned)
     };
     match push.kind {
-        PushKind::Message => {
+        PushKind::Message | PushKind::SMessage => {
             let from: Option<String> = push
                 .data
                 .get(1)
@@ -236,13 +365,32 @@ fn on_push(hub: &WaitHub, names: &Names, origin: &str, push: PushInfo) {
                 hub.wake(&key);
             }
         }
-        PushKind::Subscribe => {
+        PushKind::Subscribe | PushKind::SSubscribe => {
             if let Some(key) = channel_key(push.data.first()) {
                 hub.wake(&key);
             }
         }
         PushKind::Disconnection => hub.wake_all(),
         _ => {}
+    }
+}
+
+impl RedisBackend {
+    /// Renews `items` (all in one hash slot on Cluster) with one script call.
+    async fn renew_one_call(&self, items: &[&Renewal]) -> Result<Vec<Option<bool>>, LockError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.scripts.renew.prepare_invoke();
+        for item in items {
+            invocation
+                .key(self.names.lock(&item.key))
+                .arg(&item.owner)
+                .arg(millis_ceil(item.lease));
+        }
+        let key = (items.len() == 1).then(|| items[0].key.as_str());
+        let reply: Vec<i64> = self
+            .call(key, "renewal failed", invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
     }
 }
 
@@ -278,19 +426,35 @@ impl Backend for RedisBackend {
         batch: &'a [Renewal],
     ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let mut invocation = self.scripts.renew.prepare_invoke();
-            for item in batch {
-                invocation
-                    .key(self.names.lock(&item.key))
-                    .arg(&item.owner)
-                    .arg(millis_ceil(item.lease));
+            if matches!(self.conn, Conn::Single(_)) {
+                let all: Vec<&Renewal> = batch.iter().collect();
+                return self.renew_one_call(&all).await;
             }
-            let key = (batch.len() == 1).then(|| batch[0].key.as_str());
-            let reply: Vec<i64> = self
-                .call(key, "renewal failed", invocation.invoke_async(&mut conn))
-                .await?;
-            Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
+            // Cluster: one script call per hash slot (a script's keys must share one), sent
+            // concurrently.
+            let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
+            for (i, item) in batch.iter().enumerate() {
+                by_slot
+                    .entry(hash_slot(self.names.lock(&item.key).as_bytes()))
+                    .or_default()
+                    .push(i);
+            }
+            let groups: Vec<Vec<usize>> = by_slot.into_values().collect();
+            let answers = futures_util::future::join_all(groups.iter().map(|group| {
+                let items: Vec<&Renewal> = group.iter().map(|&i| &batch[i]).collect();
+                async move { self.renew_one_call(&items).await }
+            }))
+            .await;
+            let mut out = vec![None; batch.len()];
+            for (group, answer) in groups.iter().zip(answers) {
+                // A failed group stays undetermined (retried); the others count.
+                if let Ok(renewed) = answer {
+                    for (&i, r) in group.iter().zip(renewed) {
+                        out[i] = r;
+                    }
+                }
+            }
+            Ok(out)
         })
     }
 
@@ -306,7 +470,8 @@ impl Backend for RedisBackend {
                 .key(self.names.lock(key))
                 .arg(owner)
                 .arg(self.names.channel(key))
-                .arg(&self.origin);
+                .arg(&self.origin)
+                .arg(self.conn.publish_command());
             let reply: i64 = self
                 .call(
                     Some(key),
@@ -329,7 +494,8 @@ impl Backend for RedisBackend {
             invocation
                 .key(self.names.lock(key))
                 .arg(self.names.channel(key))
-                .arg(FORCED);
+                .arg(FORCED)
+                .arg(self.conn.publish_command());
             let reply: i64 = self
                 .call(
                     Some(key),
@@ -354,19 +520,33 @@ impl Backend for RedisBackend {
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
             let channel = self.names.channel(key);
-            self.call(Some(key), "subscribe failed", conn.subscribe(channel))
-                .await
+            match self.conn.clone() {
+                Conn::Single(mut c) => {
+                    self.call(Some(key), "subscribe failed", c.subscribe(channel))
+                        .await
+                }
+                Conn::Cluster(mut c) => {
+                    self.call(Some(key), "subscribe failed", c.ssubscribe(channel))
+                        .await
+                }
+            }
         })
     }
 
     fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
             let channel = self.names.channel(key);
-            self.call(Some(key), "unsubscribe failed", conn.unsubscribe(channel))
-                .await
+            match self.conn.clone() {
+                Conn::Single(mut c) => {
+                    self.call(Some(key), "unsubscribe failed", c.unsubscribe(channel))
+                        .await
+                }
+                Conn::Cluster(mut c) => {
+                    self.call(Some(key), "unsubscribe failed", c.sunsubscribe(channel))
+                        .await
+                }
+            }
         })
     }
 }
@@ -410,6 +590,22 @@ mod tests {
                 ttl: Some(Duration::from_millis(29_500))
             }
         );
+    }
+
+    #[test]
+    fn hash_slots_follow_the_cluster_rule() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(hash_slot(b"123456789"), 12739);
+        assert_eq!(hash_slot(b"foo"), 12182);
+        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
+        assert_eq!(hash_slot(b"foo{}{bar}"), hash_slot(b"foo{}{bar}"));
+        let n = Names {
+            prefix: "dlock:".into(),
+        };
+        let key = "stock:42";
+        let slot = hash_slot(n.lock(key).as_bytes());
+        assert_eq!(hash_slot(n.fence(key).as_bytes()), slot);
+        assert_eq!(hash_slot(n.channel(key).as_bytes()), slot);
     }
 
     #[test]

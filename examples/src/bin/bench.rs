@@ -218,6 +218,7 @@ async fn raw_pairs_parallel(url: &str, tasks: usize, per_task: usize) -> Result<
                     .arg(&owner)
                     .arg(format!("{key}:released"))
                     .arg("raw")
+                    .arg("PUBLISH")
                     .invoke_async(&mut conn)
                     .await?;
                 if freed != 1 {

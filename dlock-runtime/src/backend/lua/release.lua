@@ -4,6 +4,7 @@
 -- ARGV[1]  owner token
 -- ARGV[2]  release channel `<prefix>{<key>}:released`
 -- ARGV[3]  message: the releasing runtime's id (its own waiters were woken locally)
+-- ARGV[4]  publish command: PUBLISH (one server) or SPUBLISH (Cluster: sharded, same slot)
 --
 -- Returns 1 freed (deleted, published), 2 still held (hold count > 0), 0 not the owner.
 local held = redis.call('HMGET', KEYS[1], 'owner', 'count')
@@ -15,5 +16,5 @@ if tonumber(held[2]) > 1 then
   return 2
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+redis.call(ARGV[4], ARGV[2], ARGV[3])
 return 1
