@@ -39,6 +39,11 @@ struct Server {
 
 impl Server {
     fn start() -> Result<Self, BoxError> {
+        Self::start_with(&[])
+    }
+
+    /// A server with extra arguments (e.g. cluster mode).
+    fn start_with(extra: &[&str]) -> Result<Self, BoxError> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let dir = std::env::temp_dir().join(format!("dlock-bench-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
@@ -46,6 +51,7 @@ impl Server {
         let child = Command::new(&bin)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
             .arg("--dir")
             .arg(&dir)
             .stdout(Stdio::null())
@@ -263,12 +269,9 @@ struct HotKey {
     sales: u64,
 }
 
-async fn hot_key(url: &str, tasks: usize, sales: u64) -> Result<HotKey, BoxError> {
-    let rt = Runtime::builder()
-        .redis(url)
-        .key_prefix("hot:")
-        .build()
-        .await?;
+/// 256 tasks selling on one key; the counter (and the command statistics) live on the
+/// standalone server at `url`, the lock on `rt`.
+async fn hot_key(rt: Runtime, url: &str, tasks: usize, sales: u64) -> Result<HotKey, BoxError> {
     let mut stats_conn = raw_conn(url).await?;
     let data = raw_conn(url).await?;
     let _: () = redis::cmd("SET")
@@ -474,6 +477,163 @@ fn macro_cost(url: &str, rounds: usize, per_round: u64) -> Result<(f64, f64, f64
     })
 }
 
+/// A three-master Redis Cluster (no replicas) of our own.
+async fn start_cluster() -> Result<Vec<Server>, BoxError> {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(Server::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "2000",
+        ])?);
+    }
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let status = Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    if !status.success() {
+        return Err("redis-cli --cluster create failed".into());
+    }
+    let started = Instant::now();
+    loop {
+        let mut ok = true;
+        for n in &nodes {
+            let mut conn = raw_conn(&n.url()).await?;
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await?;
+            ok &= info.contains("cluster_state:ok");
+        }
+        if ok {
+            return Ok(nodes);
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            return Err("cluster did not reach cluster_state:ok within 20 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Redlock (3 and 5 nodes) and Cluster rows: sequential latency against standalone in
+/// interleaved rounds, and hot-key handoff against standalone.
+async fn multi_node(url: &str, standalone: &Runtime, scale: usize) -> Result<Vec<Row>, BoxError> {
+    let mut rows = Vec::new();
+    let three: Vec<Server> = (0..3).map(|_| Server::start()).collect::<Result<_, _>>()?;
+    let five: Vec<Server> = (0..5).map(|_| Server::start()).collect::<Result<_, _>>()?;
+    let cluster = start_cluster().await?;
+    let urls = |servers: &[Server]| servers.iter().map(Server::url).collect::<Vec<_>>();
+    let engines = [
+        (
+            "Redlock, 3 nodes",
+            Runtime::builder().redlock(urls(&three)).build().await?,
+            "<= 1.3x",
+        ),
+        (
+            "Redlock, 5 nodes",
+            Runtime::builder().redlock(urls(&five)).build().await?,
+            "",
+        ),
+        (
+            "Cluster, 3 masters",
+            Runtime::builder()
+                .redis_cluster(urls(&cluster))
+                .build()
+                .await?,
+            "",
+        ),
+    ];
+    // The floor of a fan-out on this machine: one trivial EVALSHA sent to N servers at once,
+    // against the same call to one server.
+    for servers in [&three, &five] {
+        let mut conns = Vec::new();
+        for server in servers.iter() {
+            conns.push(raw_conn(&server.url()).await?);
+        }
+        let script = redis::Script::new("return 1");
+        let (mut one, mut all) = (Vec::new(), Vec::new());
+        for _ in 0..1000 * scale {
+            let t = Instant::now();
+            let _: i64 = script.key("k").invoke_async(&mut conns[0].clone()).await?;
+            one.push(t.elapsed());
+            let t = Instant::now();
+            let answers = futures_util::future::join_all(conns.iter().map(|c| {
+                let mut c = c.clone();
+                let script = &script;
+                async move { script.key("k").invoke_async::<i64>(&mut c).await }
+            }))
+            .await;
+            all.push(t.elapsed());
+            for answer in answers {
+                answer?;
+            }
+        }
+        one.sort();
+        all.sort();
+        let (o50, a50) = (percentile(&one, 0.5), percentile(&all, 0.5));
+        rows.push(row(
+            &format!(
+                "fan-out floor: 1 raw EVALSHA to {} servers at once, p50",
+                servers.len()
+            ),
+            us(a50),
+            format!("{} (to 1 server)", us(o50)),
+            format!("{:.2}x", a50.as_secs_f64() / o50.as_secs_f64()),
+            "",
+        ));
+    }
+    for (name, rt, target) in &engines {
+        lock_pairs_sequential(rt, 200).await?;
+        let (mut base, mut ours) = (Vec::new(), Vec::new());
+        for _ in 0..5 * scale {
+            base.extend(lock_pairs_sequential(standalone, 100).await?);
+            ours.extend(lock_pairs_sequential(rt, 100).await?);
+        }
+        base.sort();
+        ours.sort();
+        let (b50, o50) = (percentile(&base, 0.5), percentile(&ours, 0.5));
+        rows.push(row(
+            &format!("{name}: sequential acquire+release, p50"),
+            us(o50),
+            format!("{} (standalone Redis)", us(b50)),
+            format!("{:.2}x", o50.as_secs_f64() / b50.as_secs_f64()),
+            target,
+        ));
+    }
+    let standalone_hot = Runtime::builder()
+        .redis(url)
+        .key_prefix("hot1:")
+        .build()
+        .await?;
+    let base = hot_key(standalone_hot, url, 64, 500 * scale as u64).await?;
+    let b50 = percentile(&base.handoff, 0.5);
+    for (name, rt, _) in engines {
+        let hot = hot_key(rt, url, 64, 500 * scale as u64).await?;
+        let h50 = percentile(&hot.handoff, 0.5);
+        rows.push(row(
+            &format!("{name}: hot key handoff, p50 (64 tasks)"),
+            us(h50),
+            format!("{} (standalone Redis, 64 tasks)", us(b50)),
+            format!(
+                "{:.2}x{}",
+                h50.as_secs_f64() / b50.as_secs_f64(),
+                if hot.exact { "" } else { "; COUNTER WRONG" }
+            ),
+            "",
+        ));
+    }
+    Ok(rows)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().collect();
@@ -539,7 +699,12 @@ async fn main() -> Result<(), BoxError> {
     if want("hot") {
         // The round-trip baseline is sampled right before and right after the hot-key run.
         let mut rtt = raw_round_trips(&url, 1000).await?;
-        let hot = hot_key(&url, 256, 1500 * scale as u64).await?;
+        let hot_rt = Runtime::builder()
+            .redis(&url)
+            .key_prefix("hot:")
+            .build()
+            .await?;
+        let hot = hot_key(hot_rt, &url, 256, 1500 * scale as u64).await?;
         rtt.extend(raw_round_trips(&url, 1000).await?);
         rtt.sort();
         let rtt50 = percentile(&rtt, 0.5);
@@ -619,6 +784,10 @@ async fn main() -> Result<(), BoxError> {
                 "<= +2%",
             ));
         }
+    }
+
+    if want("multi") {
+        rows.extend(multi_node(&url, &rt, scale).await?);
     }
 
     println!("| measure | dlock | baseline (same run) | ratio | target |");
