@@ -210,6 +210,14 @@ impl LockGuard {
         let result = core.backend.release(&held.key, &held.owner).await;
         finish.armed = result.is_err();
         drop(finish);
+        if held.lost.is_lost() && result.is_ok() {
+            // Released what was left (e.g. a minority of Redlock nodes), but the lease had been
+            // lost while held: the caller must know its critical section was not protected.
+            core.hub.wake(&held.key);
+            return Err(LockError::Lost {
+                key: held.key.clone(),
+            });
+        }
         match result {
             Ok(Released::Freed) => {
                 tracing::debug!(key = %held.key, "lock released");

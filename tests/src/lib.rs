@@ -3,6 +3,8 @@
 //! Every test that needs Redis starts its own `redis-server` ([`RedisServer::start`]) on a free
 //! loopback port in a fresh temp dir, without persistence, and the server is killed when the
 //! handle drops. If the test is failing at that point, the server log is printed to stderr.
+//! [`RedisServer::start_tls`] starts a TLS-only one (`rediss://`, a self-signed certificate made
+//! with the `openssl` CLI).
 //!
 //! [`Backend`] pairs a [`Runtime`] with the server it talks to (none for `memory://`), and
 //! [`on_both_backends!`] turns one `async fn test(b: Backend)` into two tests,
@@ -36,6 +38,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     paused: bool,
+    /// Serves TLS only (`--port 0 --tls-port <port>`), with a self-signed certificate in `dir`.
+    tls: bool,
 }
 
 impl RedisServer {
@@ -59,6 +63,7 @@ impl RedisServer {
                         dir,
                         child: Some(child),
                         paused: false,
+                        tls: false,
                     };
                 }
                 Err(StartError::PortTaken) => continue,
@@ -71,9 +76,67 @@ impl RedisServer {
         panic!("could not start redis-server: {last_error}");
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// Starts a TLS-only server (no plaintext port) on a free loopback port, with a self-signed
+    /// certificate for `127.0.0.1` made by the `openssl` CLI in its temp dir, and waits until it
+    /// answers `INFO` over TLS. Clients are not asked for a certificate.
+    ///
+    /// [`url`](RedisServer::url) is then `rediss://127.0.0.1:<port>/#insecure` (certificate
+    /// verification off; [`tls_url_verified`](RedisServer::tls_url_verified) keeps it on).
+    /// Panics with installation advice when `redis-server` or `openssl` is missing.
+    pub fn start_tls() -> RedisServer {
+        let bin = redis_server_binary();
+        let dir = tempfile::Builder::new()
+            .prefix("dlock-redis-tls-")
+            .tempdir()
+            .expect("create a temp dir for redis-server");
+        make_self_signed_cert(dir.path());
+        let mut last_error = String::new();
+        for _ in 0..20 {
+            let port = free_port();
+            match spawn_ready_tls(&bin, port, dir.path()) {
+                Ok(child) => {
+                    return RedisServer {
+                        bin,
+                        port,
+                        dir,
+                        child: Some(child),
+                        paused: false,
+                        tls: true,
+                    };
+                }
+                Err(StartError::PortTaken) => continue,
+                Err(StartError::Failed(why)) => last_error = why,
+            }
+            if !last_error.is_empty() {
+                break;
+            }
+        }
+        panic!("could not start redis-server with TLS: {last_error}");
+    }
+
+    /// Whether this server speaks TLS only ([`start_tls`](RedisServer::start_tls)).
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// `rediss://127.0.0.1:<port>` without `#insecure`: certificate verification stays on, so a
+    /// client that does not trust the self-signed certificate must refuse the server.
+    pub fn tls_url_verified(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
+    }
+
+    /// The self-signed certificate (PEM) of a TLS server.
+    pub fn cert_path(&self) -> PathBuf {
+        self.dir.path().join("cert.pem")
+    }
+
+    /// `redis://127.0.0.1:<port>`, or `rediss://127.0.0.1:<port>/#insecure` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        if self.tls {
+            format!("rediss://127.0.0.1:{}/#insecure", self.port)
+        } else {
+            format!("redis://127.0.0.1:{}", self.port)
+        }
     }
 
     /// The loopback port the server listens on.
@@ -137,7 +200,12 @@ impl RedisServer {
         self.stop();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match spawn_ready(&self.bin, self.port, self.dir.path()) {
+            let spawned = if self.tls {
+                spawn_ready_tls(&self.bin, self.port, self.dir.path())
+            } else {
+                spawn_ready(&self.bin, self.port, self.dir.path())
+            };
+            match spawned {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -376,6 +444,123 @@ fn spawn_ready(bin: &Path, port: u16, dir: &Path) -> Result<Child, StartError> {
             let log = std::fs::read_to_string(&log).unwrap_or_default();
             return Err(StartError::Failed(format!(
                 "redis-server on port {port} did not answer within {READY_WITHIN:?}; log:\n{log}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Writes `cert.pem` and `key.pem` (self-signed, RSA 2048, one day, CN and SAN 127.0.0.1) into
+/// `dir` with the `openssl` CLI. Panics with installation advice when `openssl` is missing.
+fn make_self_signed_cert(dir: &Path) {
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes"])
+        .args(["-keyout", "key.pem", "-out", "cert.pem", "-days", "1"])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => panic!(
+            "openssl req (self-signed certificate) failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!(
+            "openssl not found ({e}); the TLS tests need it to make a certificate: \
+             install it with `apt-get install -y openssl`"
+        ),
+    }
+}
+
+/// [`spawn_ready`] for a TLS-only server: `--port 0 --tls-port <port>` with the certificate in
+/// `dir`; ready when `INFO server` over TLS names our process.
+fn spawn_ready_tls(bin: &Path, port: u16, dir: &Path) -> Result<Child, StartError> {
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("stderr.log"))
+        .map_err(|e| StartError::Failed(format!("open stderr.log: {e}")))?;
+    let log = dir.join("redis.log");
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let mut child = Command::new(bin)
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args(["--port", "0", "--tls-port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--tls-auth-clients", "no"])
+        .arg("--tls-cert-file")
+        .arg(&cert)
+        .arg("--tls-key-file")
+        .arg(&key)
+        .arg("--tls-ca-cert-file")
+        .arg(&cert)
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(&log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| StartError::Failed(format!("spawn {}: {e}", bin.display())))?;
+    let url = format!("rediss://127.0.0.1:{port}/#insecure");
+    let client = redis::Client::open(url.as_str())
+        .map_err(|e| StartError::Failed(format!("a TLS client for {url}: {e}")))?;
+    let deadline = Instant::now() + READY_WITHIN;
+    let mut last_error = String::new();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            if log.contains("Address already in use") {
+                return Err(StartError::PortTaken);
+            }
+            return Err(StartError::Failed(format!(
+                "redis-server (TLS) on port {port} exited with {status}; log:\n{log}"
+            )));
+        }
+        let info = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .and_then(|mut conn| {
+                conn.set_read_timeout(Some(Duration::from_millis(500)))?;
+                redis::cmd("INFO").arg("server").query::<String>(&mut conn)
+            });
+        match info {
+            Ok(info) => {
+                if info
+                    .lines()
+                    .any(|l| l.trim() == format!("process_id:{}", child.id()))
+                {
+                    return Ok(child);
+                }
+                if child.try_wait().ok().flatten().is_none() && info.contains("process_id:") {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(StartError::PortTaken);
+                }
+            }
+            Err(e) if e.kind() == redis::ErrorKind::InvalidClientConfig => {
+                // Not a server problem: the client cannot speak `rediss://…#insecure`.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(StartError::Failed(format!(
+                    "the redis client rejects {url}: {e} (the tests package needs the redis \
+                     crate's `tls-rustls-insecure` feature for `#insecure`)"
+                )));
+            }
+            Err(e) => last_error = e.to_string(),
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(StartError::Failed(format!(
+                "redis-server (TLS) on port {port} did not answer over TLS within \
+                 {READY_WITHIN:?} (last error: {last_error}); log:\n{log}"
             )));
         }
         std::thread::sleep(Duration::from_millis(20));

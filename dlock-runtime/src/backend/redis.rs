@@ -216,6 +216,9 @@ impl RedisBackend {
         timeout: Duration,
     ) -> Result<Self, LockError> {
         let (client, config, names) = Self::open(url, prefix, hub, &origin, timeout)?;
+        // No retries inside a call: a node that is down fails fast (connection refused) and
+        // the next call tries again.
+        let config = config.set_number_of_retries(0);
         let conn = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| redis_error(None, &format!("cannot set up a connection to {url}"), e))?;
         Ok(Self::with_connection(

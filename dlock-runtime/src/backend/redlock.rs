@@ -138,26 +138,41 @@ impl Backend for RedlockBackend {
             if granted >= self.quorum && valid {
                 return Ok(Attempt::Acquired { fence: None });
             }
-            // Undo everywhere, also where the answer was lost: the request may have landed.
-            self.on_all(Some(key), |node| node.release(key, owner))
-                .await;
+            // Undo wherever the lock may be ours: granted, or the answer was lost (the request
+            // may have landed). A node that answered busy granted nothing.
+            let undo = answers
+                .iter()
+                .map(|a| !matches!(a, Ok(Attempt::Busy { .. })));
+            let undo: Vec<&RedisBackend> = self
+                .nodes
+                .iter()
+                .zip(undo)
+                .filter_map(|(node, undo)| undo.then_some(node))
+                .collect();
+            join_all(undo.into_iter().map(|node| async move {
+                let _ = tokio::time::timeout(self.node_timeout, node.release(key, owner)).await;
+            }))
+            .await;
             let failed = answers.iter().filter(|a| a.is_err()).count();
             if failed > self.nodes.len() - self.quorum {
                 return Err(self.no_quorum(key, &answers));
             }
-            let holder_ttl = answers
+            let mut busy_ttls: Vec<Duration> = answers
                 .iter()
                 .filter_map(|a| match a {
-                    Ok(Attempt::Busy { ttl }) => *ttl,
+                    Ok(Attempt::Busy { ttl }) => Some(ttl.unwrap_or(Duration::from_millis(100))),
                     _ => None,
                 })
-                .min();
-            let ttl = if granted > 0 || holder_ttl.is_none() {
+                .collect();
+            busy_ttls.sort();
+            let ttl = if busy_ttls.len() >= self.quorum {
+                // Another owner holds a majority: wait for its release (notification) or for
+                // the lease to run out on a majority of its nodes.
+                busy_ttls[self.quorum - 1]
+            } else {
                 // A split vote (or a grant that came too late): retry after a short random
                 // delay so that contenders do not collide again.
                 Duration::from_millis(5 + rand::random::<u64>() % 45)
-            } else {
-                holder_ttl.unwrap_or_default()
             };
             Ok(Attempt::Busy { ttl: Some(ttl) })
         })

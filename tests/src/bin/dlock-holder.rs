@@ -5,6 +5,10 @@
 //!     N times: acquire KEY, GET the counter, sleep 1 ms, SET it to the value + 1, release.
 //!     The increment is not atomic, so the final count is exact only under mutual exclusion.
 //!     Prints "done N" at the end.
+//! dlock-holder --url URL --key KEY --mode attr-counter --iterations N [--counter REDIS_KEY]
+//!     The same increment as `counter`, but inside an `async fn` annotated with
+//!     `#[distributed_lock(key = "{key}", lease = "30s", wait = "60s")]`, run on the runtime for
+//!     URL installed as the process default. Prints "done N" at the end.
 //! dlock-holder --url URL --key KEY --mode hold --lease-ms L [--watchdog false]
 //!     Acquires KEY with lease L, prints "acquired <fence>" ("acquired none" without a fence)
 //!     and holds it until killed; prints "lost" and exits 3 if the lease is lost.
@@ -15,13 +19,14 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use dlock_runtime::Runtime;
+use dlock_runtime::{Runtime, distributed_lock};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
 #[derive(Debug)]
 enum Mode {
     Counter { iterations: u64, counter: String },
+    AttrCounter { iterations: u64, counter: String },
     Hold { lease: Duration, watchdog: bool },
 }
 
@@ -61,11 +66,19 @@ fn parse_args() -> Result<Args, BoxError> {
             iterations,
             counter: counter.unwrap_or_else(|| format!("counter:{key}")),
         },
+        Some("attr-counter") => Mode::AttrCounter {
+            iterations,
+            counter: counter.unwrap_or_else(|| format!("counter:{key}")),
+        },
         Some("hold") => Mode::Hold {
             lease: Duration::from_millis(lease_ms),
             watchdog,
         },
-        other => return Err(format!("--mode must be counter or hold, got {other:?}").into()),
+        other => {
+            return Err(
+                format!("--mode must be counter, attr-counter or hold, got {other:?}").into(),
+            );
+        }
     };
     Ok(Args { url, key, mode })
 }
@@ -101,6 +114,20 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
             println!("done {iterations}");
             Ok(ExitCode::SUCCESS)
         }
+        Mode::AttrCounter {
+            iterations,
+            counter,
+        } => {
+            rt.install()?;
+            let mut conn = redis::Client::open(args.url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            for _ in 0..iterations {
+                attr_increment(&args.key, &counter, &mut conn).await?;
+            }
+            println!("done {iterations}");
+            Ok(ExitCode::SUCCESS)
+        }
         Mode::Hold { lease, watchdog } => {
             let guard = rt
                 .lock(args.key.as_str())
@@ -119,6 +146,24 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
             Ok(ExitCode::from(3))
         }
     }
+}
+
+/// GET the counter, sleep 1 ms, SET it to the value + 1: exact only under mutual exclusion,
+/// which here comes from the attribute alone (on the installed runtime).
+#[distributed_lock(key = "{key}", lease = "30s", wait = "60s")]
+async fn attr_increment(
+    key: &str,
+    counter: &str,
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> Result<(), BoxError> {
+    let value: Option<u64> = redis::cmd("GET").arg(counter).query_async(conn).await?;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let () = redis::cmd("SET")
+        .arg(counter)
+        .arg(value.unwrap_or(0) + 1)
+        .query_async(conn)
+        .await?;
+    Ok(())
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

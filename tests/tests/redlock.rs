@@ -1,0 +1,1117 @@
+//! Redlock over N independent `redis-server`s, under real faults: a minority killed or paused
+//! still locks (and a paused node costs at most the per-node timeout), a majority killed is a
+//! `Backend` error saying the quorum was not reached, a node restarted empty does not let a
+//! second holder in, a killed holder process frees the key on every node after about one
+//! lease, renewal keeps a short lease alive and `lost()` fires when it loses the majority;
+//! plus mutual exclusion, no fence, lease bounds, URL/builder and release notifications.
+//!
+//! Timing bounds are generous: the box has two cores shared by up to five servers per test.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock_runtime::{LockError, current_fence, with_lock};
+use dlock_tests::{
+    HolderProcess, RedisServer, Runtime, assert_between, eventually, lock_key, released_channel,
+};
+
+/// Per-node timeout of the tests that are not about timing: a loaded box must not turn a
+/// slow live node into a missing vote.
+const RELAXED_NODE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// `n` redis-servers, one Redlock node each, and which of them were killed.
+struct Nodes {
+    servers: Vec<RedisServer>,
+    killed: Vec<bool>,
+}
+
+impl Nodes {
+    /// Starts `n` servers in parallel (each on its own free loopback port).
+    fn start(n: usize) -> Nodes {
+        let servers: Vec<RedisServer> = std::thread::scope(|s| {
+            let starting: Vec<_> = (0..n).map(|_| s.spawn(RedisServer::start)).collect();
+            starting
+                .into_iter()
+                .map(|h| h.join().expect("start redis-server"))
+                .collect()
+        });
+        Nodes {
+            killed: vec![false; n],
+            servers,
+        }
+    }
+
+    /// One `redis://127.0.0.1:<port>` per node.
+    fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+
+    /// `redlock://127.0.0.1:p1,127.0.0.1:p2,...` plus `query` (without the `?`) if not empty.
+    fn redlock_url(&self, query: &str) -> String {
+        let hosts: Vec<String> = self
+            .servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        let mut url = format!("redlock://{}", hosts.join(","));
+        if !query.is_empty() {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
+    }
+
+    /// A Redlock runtime over every node, built with the builder.
+    async fn runtime(&self, node_timeout: Duration) -> Runtime {
+        Runtime::builder()
+            .redlock(self.urls())
+            .node_timeout(node_timeout)
+            .build()
+            .await
+            .expect("build a redlock runtime")
+    }
+
+    /// kill -9 of node `i`.
+    fn kill9(&mut self, i: usize) {
+        self.servers[i].kill9();
+        self.killed[i] = true;
+    }
+
+    /// The nodes not killed (a paused node must not be queried: it would not answer).
+    fn live(&self) -> impl Iterator<Item = (usize, &RedisServer)> {
+        self.servers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !self.killed[*i])
+    }
+
+    /// Raw `EXISTS dlock:{key}` on every live node, as (node, exists).
+    async fn exists_on_live(&self, key: &str) -> Vec<(usize, bool)> {
+        let mut out = Vec::new();
+        for (i, server) in self.live() {
+            out.push((i, server.exists(&lock_key(key)).await));
+        }
+        out
+    }
+
+    /// Panics unless the lock hash of `key` exists (`held`) or is absent (`!held`) on every
+    /// live node.
+    async fn assert_on_every_live_node(&self, key: &str, held: bool, when: &str) {
+        let seen = self.exists_on_live(key).await;
+        assert!(
+            seen.iter().all(|(_, exists)| *exists == held),
+            "{when}: expected EXISTS {} = {held} on every live node, got (node, exists) {seen:?}",
+            lock_key(key)
+        );
+    }
+
+    /// `HGET dlock:{key} owner` on node `i`.
+    async fn owner_on(&self, i: usize, key: &str) -> Option<String> {
+        self.servers[i]
+            .query(redis::cmd("HGET").arg(lock_key(key)).arg("owner"))
+            .await
+    }
+}
+
+/// The Redlock clock-drift allowance documented in `backend/redlock.rs`: 1 % + 2 ms.
+fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// Waits (at most `within`) until the watchdog renews `key` on `server` (its PTTL jumps up)
+/// and returns when that was seen. Right then, the holder's last confirmed validity is about
+/// one full lease.
+async fn wait_for_renewal(server: &RedisServer, key: &str, within: Duration) -> Instant {
+    let hash = lock_key(key);
+    let conn = server.conn().await;
+    let pttl = || {
+        let cmd = redis::cmd("PTTL").arg(&hash).clone();
+        let mut conn = conn.clone();
+        async move {
+            cmd.query_async::<i64>(&mut conn)
+                .await
+                .expect("PTTL on a live node")
+        }
+    };
+    let start = Instant::now();
+    let mut last = pttl().await;
+    assert!(
+        last > 0,
+        "the lock hash has no TTL before the renewal: {last}"
+    );
+    loop {
+        let now = pttl().await;
+        if now > last + 100 {
+            return Instant::now();
+        }
+        last = now;
+        assert!(
+            start.elapsed() < within,
+            "no renewal of {hash} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Sets a flag when dropped: tells whether a body future was dropped (cancelled).
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
+    let mut nodes = Nodes::start(5);
+    let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let other = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    // Connect every client to every node first, so the kill breaks live connections.
+    for r in [&rt, &other] {
+        r.lock("redlock:warm-up")
+            .acquire()
+            .await
+            .expect("warm-up acquire on 5 live nodes")
+            .release()
+            .await
+            .expect("warm-up release");
+    }
+    nodes.kill9(1);
+    nodes.kill9(3);
+
+    let key = "redlock:two-of-five-down";
+    let start = Instant::now();
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("3 of 5 nodes are a majority: acquire must succeed");
+    let took = start.elapsed();
+    println!("acquire with 2 of 5 nodes killed took {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "acquire with 2 of 5 nodes killed took {took:?}"
+    );
+    assert!(guard.fence().is_none(), "Redlock has no fence");
+    nodes
+        .assert_on_every_live_node(key, true, "after acquiring")
+        .await;
+    for (i, server) in nodes.live() {
+        let pttl = server.pttl(&lock_key(key)).await;
+        assert!(
+            pttl > 20_000 && pttl <= 30_000,
+            "node {i}: PTTL {pttl} ms, expected about the 30 s lease"
+        );
+    }
+
+    let err = other
+        .lock(key)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("a second runtime must be excluded");
+    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+    let wait = Duration::from_millis(300);
+    let start = Instant::now();
+    let err = other
+        .lock(key)
+        .wait(wait)
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("a second runtime must be excluded while waiting");
+    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+    assert_between(
+        "excluded waiter with wait = 300 ms",
+        start.elapsed(),
+        wait,
+        Duration::from_secs(3),
+    );
+    assert!(!guard.is_lost(), "the holder must keep its lock");
+
+    guard.release().await.expect("release with 2 of 5 killed");
+    nodes
+        .assert_on_every_live_node(key, false, "after release")
+        .await;
+    let next = other
+        .lock(key)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .expect("the released key is free for the second runtime");
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_with_three_killed_fail_with_quorum_not_reached() {
+    let mut nodes = Nodes::start(5);
+    let rt = nodes.runtime(Duration::from_millis(200)).await;
+    rt.lock("redlock:warm-up")
+        .acquire()
+        .await
+        .expect("warm-up acquire on 5 live nodes")
+        .release()
+        .await
+        .expect("warm-up release");
+    for i in [0, 2, 4] {
+        nodes.kill9(i);
+    }
+
+    let key = "redlock:three-of-five-down";
+    let start = Instant::now();
+    let err = rt
+        .lock(key)
+        .lease(Duration::from_secs(30))
+        .wait(Duration::from_secs(1))
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("2 of 5 nodes are no majority: acquire must fail");
+    let took = start.elapsed();
+    println!("no-quorum error after {took:?}: {err}");
+    assert!(
+        matches!(err, LockError::Backend(_)),
+        "expected LockError::Backend, got {err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("quorum not reached"),
+        "the message must say the quorum was not reached: {message}"
+    );
+    assert!(
+        message.contains(key),
+        "the message must name the key: {message}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "the error must come within the wait (1 s) plus a margin, took {took:?}"
+    );
+    // The attempt was undone on the nodes that granted it.
+    nodes
+        .assert_on_every_live_node(key, false, "after the failed attempt")
+        .await;
+    // A wait of zero fails the same way, not with Timeout.
+    let err = rt
+        .lock(key)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("no majority");
+    assert!(err.is_backend(), "expected Backend, got {err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_node_does_not_stall_acquire_beyond_node_timeout() {
+    const NODE_TIMEOUT: Duration = Duration::from_millis(100);
+    // Far below the runtime's default timeout (3 s), which a stalled node would cost.
+    const WITHIN: Duration = Duration::from_secs(1);
+    let mut nodes = Nodes::start(3);
+    let warm = nodes.runtime(NODE_TIMEOUT).await;
+    warm.lock("redlock:warm-up")
+        .acquire()
+        .await
+        .expect("warm-up acquire")
+        .release()
+        .await
+        .expect("warm-up release");
+    nodes.servers[2].pause();
+    // A runtime whose first connection to the paused node happens during the pause.
+    let cold = nodes.runtime(NODE_TIMEOUT).await;
+
+    let mut latencies = Vec::new();
+    let mut outcome = Ok(());
+    for (name, rt) in [("warm", &warm), ("cold", &cold)] {
+        for round in 0..3 {
+            let key = format!("redlock:paused-node:{name}:{round}");
+            let start = Instant::now();
+            let acquired = rt
+                .lock(key.as_str())
+                .lease(Duration::from_secs(10))
+                .acquire()
+                .await;
+            let acquire_took = start.elapsed();
+            let guard = match acquired {
+                Ok(guard) => guard,
+                Err(err) => {
+                    outcome = Err(format!("{name} runtime, round {round}: {err}"));
+                    break;
+                }
+            };
+            let start = Instant::now();
+            let released = guard.release().await;
+            let release_took = start.elapsed();
+            latencies.push((name, round, acquire_took, release_took));
+            if let Err(err) = released {
+                outcome = Err(format!("{name} runtime, round {round}: release: {err}"));
+                break;
+            }
+        }
+    }
+    nodes.servers[2].resume();
+    println!(
+        "with 1 of 3 nodes paused, node_timeout {NODE_TIMEOUT:?}: (runtime, round, acquire, release) {latencies:?}"
+    );
+    outcome.expect("acquire and release with 1 of 3 nodes paused");
+    for (name, round, acquire_took, release_took) in &latencies {
+        assert!(
+            *acquire_took < WITHIN,
+            "{name} runtime, round {round}: acquire took {acquire_took:?} with one node paused \
+             (node_timeout {NODE_TIMEOUT:?})"
+        );
+        assert!(
+            *release_took < WITHIN,
+            "{name} runtime, round {round}: release took {release_took:?} with one node paused"
+        );
+    }
+    // Resumed, the node runs the requests it had queued, acquire then release, in order: no
+    // stale lock is left on it.
+    for (name, round, _, _) in &latencies {
+        let key = format!("redlock:paused-node:{name}:{round}");
+        let hash = lock_key(&key);
+        eventually(
+            Duration::from_secs(3),
+            &format!("{hash} absent on the resumed node"),
+            || async { !nodes.servers[2].exists(&hash).await },
+        )
+        .await;
+    }
+    // And it votes again.
+    let guard = warm
+        .lock("redlock:paused-node:after")
+        .acquire()
+        .await
+        .expect("acquire after resume");
+    eventually(
+        Duration::from_secs(3),
+        "the resumed node holds the new lock",
+        || async {
+            nodes.servers[2]
+                .exists(&lock_key("redlock:paused-node:after"))
+                .await
+        },
+    )
+    .await;
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_restarted_empty_does_not_admit_a_second_holder() {
+    let mut nodes = Nodes::start(3);
+    let a = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let key = "redlock:restarted-node";
+    let guard = a
+        .lock(key)
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("A acquires");
+    // B is connected to every node before the restart (its connection to node 1 breaks).
+    let err = b
+        .lock(key)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("A holds");
+    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+
+    nodes.servers[1].restart();
+    assert!(
+        !nodes.servers[1].exists(&lock_key(key)).await,
+        "the restarted node must come back empty"
+    );
+
+    let err = b
+        .lock(key)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("A still holds a majority (nodes 0 and 2): B must be refused");
+    assert!(
+        err.is_timeout(),
+        "wait 0 after the restart: expected Timeout, got {err:?}"
+    );
+    let scripts_before = nodes.servers[0].script_calls().await;
+    let wait = Duration::from_millis(500);
+    let start = Instant::now();
+    let err = b
+        .lock(key)
+        .wait(wait)
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("A still holds a majority: B must be refused while waiting");
+    let took = start.elapsed();
+    let scripts = nodes.servers[0].script_calls().await - scripts_before;
+    println!(
+        "B waited {took:?} against a majority holder; node 0 ran {scripts} scripts meanwhile \
+         (acquire + undo per attempt)"
+    );
+    assert!(
+        err.is_timeout(),
+        "wait 500 ms after the restart: expected Timeout, got {err:?}"
+    );
+    assert_between("B's wait of 500 ms", took, wait, Duration::from_secs(3));
+    // B's grants on the empty node were undone; A's hold on the others is untouched.
+    assert!(
+        !nodes.servers[1].exists(&lock_key(key)).await,
+        "B's partial grant on the restarted node must be undone"
+    );
+    let a_owner = nodes.owner_on(0, key).await;
+    assert!(a_owner.is_some(), "A's lock hash must remain on node 0");
+    assert_eq!(
+        nodes.owner_on(2, key).await,
+        a_owner,
+        "node 2 must still name A as the owner"
+    );
+    assert!(!guard.is_lost(), "A must not lose the lock");
+    assert!(
+        guard.valid_for() > Duration::from_secs(20),
+        "A's validity dropped to {:?}",
+        guard.valid_for()
+    );
+    assert!(
+        b.is_locked(key).await.expect("is_locked"),
+        "a majority still holds the key"
+    );
+    guard.release().await.expect("A releases");
+    let next = b
+        .lock(key)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .expect("B acquires once A released");
+    next.release().await.expect("B releases");
+}
+
+/// A waiter facing a holder with a majority sleeps until that holder's TTL or a release
+/// notification, whether or not some minority node lacks the holder's key (a node restarted
+/// empty, or one that was down when the holder acquired). Polling instead costs an acquire
+/// plus an undo on every node every few milliseconds, and each undo on the node that granted
+/// publishes a release message that wakes every other runtime's waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_against_a_majority_holder_waits_instead_of_polling() {
+    let nodes = Nodes::start(3);
+    let a = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let key = "redlock:majority-holder";
+    let wait = Duration::from_secs(1);
+    let guard = a
+        .lock(key)
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("A acquires");
+    let mut scripts = Vec::new();
+    for missing_on_one_node in [false, true] {
+        if missing_on_one_node {
+            // Node 1 forgets A's lock (as after a restart with no data).
+            assert!(nodes.servers[1].del(&lock_key(key)).await);
+        }
+        let before = nodes.servers[0].script_calls().await;
+        let err = b
+            .lock(key)
+            .wait(wait)
+            .acquire()
+            .await
+            .map(|_g| ())
+            .expect_err("A holds a majority");
+        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        scripts.push(nodes.servers[0].script_calls().await - before);
+    }
+    println!(
+        "scripts on node 0 during B's 1 s wait: all nodes hold A's lock {}, one node lost it {}",
+        scripts[0], scripts[1]
+    );
+    // Each attempt is an acquire and an undo on every node: a handful of attempts in 1 s is
+    // waiting (first attempt, after subscribing, at the deadline); dozens is polling.
+    assert!(
+        scripts[1] <= scripts[0] * 2 + 4,
+        "B ran {} scripts on node 0 in {wait:?} when one node lacked A's lock, against {} when \
+         every node had it: it polls instead of waiting for A's TTL or release",
+        scripts[1],
+        scripts[0]
+    );
+    assert!(!guard.is_lost());
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_key_on_every_node_after_about_one_lease() {
+    let nodes = Nodes::start(3);
+    let key = "redlock:killed-holder";
+    let url = nodes.redlock_url("node_timeout=500ms");
+    let mut holder = HolderProcess::spawn(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        &[
+            "--url",
+            &url,
+            "--key",
+            key,
+            "--mode",
+            "hold",
+            "--lease-ms",
+            "1000",
+        ],
+    );
+    let line = holder.next_line(Duration::from_secs(20)).await;
+    assert_eq!(
+        line, "acquired none",
+        "a Redlock holder has no fence to print"
+    );
+    // Past the 1 s lease: the holder's watchdog keeps it on every node.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let dead_owner = nodes.owner_on(0, key).await.expect("held on node 0");
+    for (i, server) in nodes.live() {
+        assert_eq!(
+            nodes.owner_on(i, key).await.as_deref(),
+            Some(dead_owner.as_str()),
+            "node {i} must hold the holder's lock"
+        );
+        let pttl = server.pttl(&lock_key(key)).await;
+        assert!(
+            pttl > 0 && pttl <= 1000,
+            "node {i}: PTTL {pttl} ms, expected 0 < PTTL <= the 1 s lease"
+        );
+    }
+
+    let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    holder.kill9().await;
+    let killed = Instant::now();
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(30))
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the dead holder's lock expires");
+    let took = killed.elapsed();
+    println!("acquired {took:?} after kill -9 of a holder with lease 1 s");
+    assert_between(
+        "acquire after kill -9 of a Redlock holder with lease 1 s",
+        took,
+        Duration::from_millis(400),
+        Duration::from_secs(4),
+    );
+    for (i, _) in nodes.live() {
+        assert_ne!(
+            nodes.owner_on(i, key).await.as_deref(),
+            Some(dead_owner.as_str()),
+            "node {i} still holds the dead holder's lock"
+        );
+    }
+    guard.release().await.expect("release");
+    nodes
+        .assert_on_every_live_node(key, false, "after the new holder released")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_losing_majority_resolves_lost() {
+    let lease = Duration::from_secs(1);
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(Duration::from_millis(100)).await;
+    let key = "redlock:lost-majority";
+    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    // Kill right after a renewal, so the confirmed validity is about one full lease.
+    let renewed = wait_for_renewal(&nodes.servers[0], key, Duration::from_secs(3)).await;
+    nodes.kill9(1);
+    nodes.kill9(2);
+    let killed = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost() must resolve once renewals cannot reach a majority");
+    let took = renewed.elapsed();
+    println!(
+        "lost() resolved {took:?} after the last renewal, {:?} after 2 of 3 nodes were killed \
+         (lease 1 s)",
+        killed.elapsed()
+    );
+    // Not at the first failed renewal (a transient error is no loss), but once the last
+    // confirmed validity (about lease - drift after the renewal) ran out.
+    assert_between(
+        "lost() after the last renewal, 2 of 3 nodes killed, lease 1 s",
+        took,
+        Duration::from_millis(500),
+        lease + Duration::from_millis(1500),
+    );
+    assert!(guard.is_lost());
+    assert_eq!(guard.valid_for(), Duration::ZERO, "no validity once lost");
+    // The surviving minority node may still hold our key (and release frees it), but the
+    // lease was lost while held: the caller must be told.
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "release after a lost lease must be Err(Lost), got {released:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_body_cancelled_with_lost_when_majority_dies() {
+    let lease = Duration::from_secs(1);
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(Duration::from_millis(100)).await;
+    let key = "redlock:with-lock-lost";
+    let completed = Arc::new(AtomicBool::new(false));
+    let body_dropped = Arc::new(AtomicBool::new(false));
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let (rt, completed, body_dropped) = (rt.clone(), completed.clone(), body_dropped.clone());
+        tokio::spawn(async move {
+            with_lock(rt.lock(key).lease(lease), async move {
+                let _on_drop = SetOnDrop(body_dropped);
+                let _ = held_tx.send(());
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                completed.store(true, Ordering::SeqCst);
+            })
+            .await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), held_rx)
+        .await
+        .expect("the body starts")
+        .expect("the body signals");
+    // Watch node 1, the survivor: node 0 is about to die.
+    let renewed = wait_for_renewal(&nodes.servers[1], key, Duration::from_secs(3)).await;
+    nodes.kill9(0);
+    nodes.kill9(2);
+    let killed = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("with_lock must return once the lease is lost")
+        .expect("task");
+    let took = renewed.elapsed();
+    println!(
+        "with_lock returned {out:?} {took:?} after the last renewal, {:?} after 2 of 3 nodes \
+         were killed (lease 1 s)",
+        killed.elapsed()
+    );
+    match out {
+        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
+        other => panic!("expected Err(Lost), got {other:?}"),
+    }
+    assert_between(
+        "with_lock Err(Lost) after the last renewal, 2 of 3 nodes killed, lease 1 s",
+        took,
+        Duration::from_millis(500),
+        lease + Duration::from_millis(1500),
+    );
+    assert!(
+        body_dropped.load(Ordering::SeqCst),
+        "the body future must be dropped"
+    );
+    assert!(
+        !completed.load(Ordering::SeqCst),
+        "the body must not run to completion"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_one_second_lease_alive_for_four_seconds() {
+    let lease = Duration::from_secs(1);
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(Duration::from_millis(250)).await;
+    let other = nodes.runtime(Duration::from_millis(250)).await;
+    let key = "redlock:renewed";
+    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let start = Instant::now();
+    let mut killed_one = false;
+    let mut checks = 0;
+    while start.elapsed() < Duration::from_secs(4) {
+        // Halfway, one node dies: the remaining majority keeps being renewed.
+        if !killed_one && start.elapsed() > Duration::from_secs(2) {
+            nodes.kill9(2);
+            killed_one = true;
+        }
+        for (i, server) in nodes.live() {
+            let pttl = server.pttl(&lock_key(key)).await;
+            assert!(
+                pttl > 0 && pttl <= 1000,
+                "node {i}: PTTL {pttl} ms after {:?}: expected 0 < PTTL <= lease",
+                start.elapsed()
+            );
+        }
+        let err = other
+            .lock(key)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .map(|_g| ())
+            .expect_err("another runtime must be refused while the watchdog renews");
+        assert!(
+            err.is_timeout(),
+            "after {:?}: expected Timeout, got {err:?}",
+            start.elapsed()
+        );
+        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(killed_one);
+    assert!(checks >= 5, "only {checks} checks in 4 s");
+    guard
+        .release()
+        .await
+        .expect("release after 4 s on a 1 s lease");
+    nodes
+        .assert_on_every_live_node(key, false, "after release")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_on_two_runtimes_increment_counter_exactly() {
+    const TASKS_PER_RUNTIME: usize = 15;
+    const INCREMENTS: u64 = 8;
+    let nodes = Nodes::start(3);
+    let runtimes = [
+        nodes.runtime(RELAXED_NODE_TIMEOUT).await,
+        nodes.runtime(RELAXED_NODE_TIMEOUT).await,
+    ];
+    let key = "redlock:counter";
+    // The counter lives in node 0, next to (not inside) the lock.
+    let counter_key = "counter:redlock";
+    let inside = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for rt in &runtimes {
+        for _ in 0..TASKS_PER_RUNTIME {
+            let (rt, inside) = (rt.clone(), inside.clone());
+            let client = nodes.servers[0].client();
+            tasks.push(tokio::spawn(async move {
+                let mut conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to node 0");
+                for _ in 0..INCREMENTS {
+                    let guard = rt
+                        .lock(key)
+                        .lease(Duration::from_secs(30))
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await
+                        .expect("acquire");
+                    let others = inside.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(others, 0, "another holder is inside the critical section");
+                    let value: Option<u64> = redis::cmd("GET")
+                        .arg(counter_key)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("GET");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    let () = redis::cmd("SET")
+                        .arg(counter_key)
+                        .arg(value.unwrap_or(0) + 1)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("SET");
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("tasks finish")
+            .expect("task succeeds");
+    }
+    let expected = 2 * TASKS_PER_RUNTIME as u64 * INCREMENTS;
+    println!(
+        "{expected} increments by {} tasks over 2 Redlock runtimes took {:?}",
+        2 * TASKS_PER_RUNTIME,
+        start.elapsed()
+    );
+    let total: u64 = nodes.servers[0]
+        .query(redis::cmd("GET").arg(counter_key))
+        .await;
+    assert_eq!(total, expected, "lost updates: mutual exclusion failed");
+    nodes
+        .assert_on_every_live_node(key, false, "after every task released")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_is_none_and_valid_for_is_within_the_lease() {
+    let nodes = Nodes::start(3);
+    let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let key = "redlock:fence";
+    let lease = Duration::from_secs(10);
+    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let valid = guard.valid_for();
+    println!("valid_for right after acquiring with lease {lease:?}: {valid:?}");
+    assert_eq!(guard.fence(), None, "Redlock must not claim a fence");
+    assert!(valid > Duration::ZERO, "valid_for must be positive");
+    assert!(
+        valid <= lease - drift(lease),
+        "valid_for {valid:?} must be at most the lease minus the drift allowance ({:?})",
+        lease - drift(lease)
+    );
+    assert!(
+        valid > lease - drift(lease) - Duration::from_secs(2),
+        "valid_for {valid:?} is far below the lease right after acquiring"
+    );
+    guard.release().await.expect("release");
+    let fence = rt
+        .scope(with_lock(rt.lock(key).lease(lease), async {
+            current_fence()
+        }))
+        .await
+        .expect("with_lock");
+    assert_eq!(fence, None, "current_fence() under Redlock must be None");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_millisecond_lease_is_invalid_config() {
+    let nodes = Nodes::start(3);
+    let rt = nodes.runtime(Duration::from_millis(100)).await;
+    let key = "redlock:tiny-lease";
+    for lease in [
+        Duration::from_millis(1),
+        Duration::from_micros(1),
+        // Exactly the per-node timeout: no validity left either.
+        Duration::from_millis(100),
+    ] {
+        let err = rt
+            .lock(key)
+            .lease(lease)
+            .acquire()
+            .await
+            .map(|_g| ())
+            .expect_err("a lease shorter than Redlock's allowances must be refused");
+        assert!(
+            matches!(err, LockError::InvalidConfig(_)),
+            "lease {lease:?}: expected InvalidConfig, got {err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("too short"),
+            "lease {lease:?}: the message should say why: {message}"
+        );
+    }
+    let out = with_lock(rt.lock(key).lease(Duration::from_millis(1)), async {}).await;
+    assert!(
+        matches!(out, Err(LockError::InvalidConfig(_))),
+        "with_lock with a 1 ms lease: {out:?}"
+    );
+    nodes
+        .assert_on_every_live_node(key, false, "nothing is written for a refused lease")
+        .await;
+    // Just above the allowances is accepted (whether or not the validity survives the round
+    // trip on a loaded box, it is not a configuration error).
+    let accepted = rt
+        .lock(key)
+        .lease(Duration::from_millis(150))
+        .acquire()
+        .await
+        .map(drop);
+    assert!(
+        !matches!(accepted, Err(LockError::InvalidConfig(_))),
+        "150 ms > drift + node timeout must be accepted: {accepted:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_day_lease_acquires_and_releases() {
+    let nodes = Nodes::start(3);
+    let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let key = "redlock:huge-lease";
+    let lease = Duration::from_secs(30 * 24 * 3600);
+    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let lease_ms = i64::try_from(lease.as_millis()).expect("fits");
+    for (i, server) in nodes.live() {
+        let pttl = server.pttl(&lock_key(key)).await;
+        assert!(
+            pttl > lease_ms - 60_000 && pttl <= lease_ms,
+            "node {i}: PTTL {pttl} ms, expected about 30 days ({lease_ms} ms)"
+        );
+    }
+    let valid = guard.valid_for();
+    assert!(
+        valid > lease - drift(lease) - Duration::from_secs(60) && valid <= lease,
+        "valid_for {valid:?} with a 30-day lease"
+    );
+    assert!(!guard.is_lost());
+    guard.release().await.expect("release");
+    nodes
+        .assert_on_every_live_node(key, false, "after release")
+        .await;
+    // Past the documented maximum (one year) is a configuration error, not an overflow.
+    let err = rt
+        .lock(key)
+        .lease(Duration::from_secs(2 * 365 * 24 * 3600))
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("two years is over the maximum lease");
+    assert!(
+        err.is_invalid_config(),
+        "expected InvalidConfig, got {err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_with_node_timeout_works_against_real_servers() {
+    let nodes = Nodes::start(3);
+    let url = nodes.redlock_url("node_timeout=50ms");
+    let rt = Runtime::from_url(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    assert_eq!(rt.engine(), "redlock");
+    let other = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let key = "redlock:from-url";
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("acquire through the URL runtime");
+    assert!(guard.fence().is_none());
+    nodes
+        .assert_on_every_live_node(key, true, "held through the URL runtime")
+        .await;
+    let err = other
+        .lock(key)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("held");
+    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+    guard.release().await.expect("release");
+    nodes
+        .assert_on_every_live_node(key, false, "after release")
+        .await;
+    // node_timeout=50ms took effect: a 60 ms lease passes the Redlock lease check (drift
+    // 2.6 ms + 50 ms), which the default node timeout (100 ms) refuses.
+    let short = Duration::from_millis(60);
+    let with_url = rt
+        .lock("redlock:from-url:short")
+        .lease(short)
+        .acquire()
+        .await
+        .map(drop);
+    assert!(
+        !matches!(with_url, Err(LockError::InvalidConfig(_))),
+        "{url}: a 60 ms lease must pass with node_timeout=50ms: {with_url:?}"
+    );
+    let default_url = nodes.redlock_url("");
+    let with_default = Runtime::from_url(&default_url)
+        .await
+        .expect("runtime")
+        .lock("redlock:from-url:short")
+        .lease(short)
+        .acquire()
+        .await
+        .map(|_g| ())
+        .expect_err("60 ms is below the default node timeout's allowance");
+    assert!(
+        with_default.is_invalid_config(),
+        "expected InvalidConfig, got {with_default:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fewer_than_three_nodes_is_invalid_config() {
+    for url in [
+        "redlock://127.0.0.1:1",
+        "redlock://127.0.0.1:1,127.0.0.1:2",
+        "redlock://127.0.0.1:1,127.0.0.1:2?node_timeout=50ms",
+    ] {
+        let err = Runtime::from_url(url).await.expect_err(url);
+        assert!(
+            err.is_invalid_config(),
+            "{url}: expected InvalidConfig, got {err:?}"
+        );
+        assert!(
+            err.to_string().contains("at least 3"),
+            "{url}: the message should say how many nodes are needed: {err}"
+        );
+    }
+    for urls in [
+        vec![],
+        vec!["redis://127.0.0.1:1"],
+        vec!["redis://127.0.0.1:1", "redis://127.0.0.1:2"],
+    ] {
+        let err = Runtime::builder()
+            .redlock(urls.clone())
+            .build()
+            .await
+            .expect_err("fewer than 3 nodes");
+        assert!(
+            err.is_invalid_config(),
+            "{urls:?}: expected InvalidConfig, got {err:?}"
+        );
+    }
+    for bad in [
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=0s",
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=soon",
+        "redlock://127.0.0.1:1,,127.0.0.1:3",
+    ] {
+        let err = Runtime::from_url(bad).await.expect_err(bad);
+        assert!(
+            err.is_invalid_config(),
+            "{bad}: expected InvalidConfig, got {err:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_wakes_a_waiter_on_another_runtime_quickly() {
+    let nodes = Nodes::start(3);
+    let a = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let key = "redlock:notified";
+    let lease = Duration::from_secs(30);
+    let guard = a
+        .lock(key)
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("A acquires");
+    let waiter = tokio::spawn(async move {
+        let out = b
+            .lock(key)
+            .lease(lease)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await;
+        let at = Instant::now();
+        if let Ok(guard) = &out {
+            assert!(guard.fence().is_none());
+        }
+        (out.map(drop), at)
+    });
+    // The waiter listens on every node's release channel.
+    let channel = released_channel(key);
+    for (i, server) in nodes.live() {
+        eventually(
+            Duration::from_secs(5),
+            &format!("node {i}: a subscriber on {channel}"),
+            || async { server.subscribers(&channel).await >= 1 },
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "the waiter must wait while A holds");
+    let released = Instant::now();
+    guard.release().await.expect("A releases");
+    let (out, acquired_at) = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter finishes")
+        .expect("waiter task");
+    out.expect("the waiter acquires after the release");
+    let latency = acquired_at.saturating_duration_since(released);
+    println!("waiter acquired {latency:?} after the release (holder's lease 30 s)");
+    assert!(
+        latency < Duration::from_millis(500),
+        "the waiter took {latency:?} after the release: the notification did not wake it"
+    );
+}

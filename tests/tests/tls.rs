@@ -1,0 +1,235 @@
+//! `rediss://` end to end against a TLS-only `redis-server` ([`RedisServer::start_tls`], a
+//! self-signed certificate, `#insecure` on the client): acquisition and exclusion between two
+//! runtimes, a release waking a waiter through pub/sub over TLS, the watchdog renewing a short
+//! lease, and the failures: a plaintext `redis://` URL to the TLS port and a verified
+//! `rediss://` URL to an untrusted certificate both end in `LockError::Backend`, promptly.
+
+use std::time::{Duration, Instant};
+
+use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
+
+/// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn tls_runtime(server: &RedisServer) -> Runtime {
+    assert!(server.url().starts_with("rediss://"), "{}", server.url());
+    Runtime::builder()
+        .redis(server.url())
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("a runtime on {}: {e}", server.url()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_acquire_excludes_a_second_runtime_until_release() {
+    let server = RedisServer::start_tls();
+    let a = tls_runtime(&server).await;
+    let b = tls_runtime(&server).await;
+    let key = "tls:exclusion";
+
+    let guard = a.lock(key).lease(LEASE).acquire().await.expect("acquire");
+    assert!(guard.fence().is_some(), "a Redis lock has a fence");
+    // The raw client goes over TLS too: the hash is really there, with our fence.
+    assert!(server.exists(&lock_key(key)).await, "lock hash missing");
+    let stored: Option<u64> = server
+        .query(redis::cmd("HGET").arg(lock_key(key)).arg("fence"))
+        .await;
+    assert_eq!(stored, guard.fence());
+
+    let start = Instant::now();
+    let err = b
+        .lock(key)
+        .lease(LEASE)
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .map(|_guard| ())
+        .expect_err("a second runtime must not get a held key");
+    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+    assert_eq!(err.key(), Some(key));
+    assert_between(
+        "busy acquire over TLS, wait 300 ms",
+        start.elapsed(),
+        Duration::from_millis(250),
+        Duration::from_secs(5),
+    );
+
+    let first_fence = guard.fence();
+    guard.release().await.expect("release");
+    assert!(!server.exists(&lock_key(key)).await, "released key remains");
+    let second = b
+        .lock(key)
+        .lease(LEASE)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .expect("the key is free after the release");
+    assert!(second.fence() > first_fence, "fences increase over TLS too");
+    second.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_release_wakes_waiter_in_other_runtime_within_500_ms() {
+    let server = RedisServer::start_tls();
+    let holder_rt = tls_runtime(&server).await;
+    let waiter_rt = tls_runtime(&server).await;
+    let key = "tls:notify";
+    for round in 0..3 {
+        let holder = holder_rt
+            .lock(key)
+            .lease(LEASE)
+            .acquire()
+            .await
+            .expect("holder");
+        let rt = waiter_rt.clone();
+        let waiter = tokio::spawn(async move {
+            let guard = rt
+                .lock(key)
+                .lease(LEASE)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await;
+            (guard, Instant::now())
+        });
+        // Let the waiter find the key busy and go to sleep (bounded by the 30 s TTL).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiter.is_finished(),
+            "round {round}: the waiter got a held key"
+        );
+        let released = Instant::now();
+        holder.release().await.expect("release");
+        let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
+            .await
+            .expect("the waiter wakes")
+            .expect("task");
+        let guard = guard.expect("the waiter acquires");
+        let latency = acquired.saturating_duration_since(released);
+        println!("TLS round {round}: release -> waiter holds in {latency:?}");
+        assert!(
+            latency < Duration::from_millis(500),
+            "round {round}: the waiter acquired {latency:?} after the release: no notification \
+             over TLS?"
+        );
+        guard.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_watchdog_keeps_one_second_lease_for_three_seconds() {
+    let server = RedisServer::start_tls();
+    let rt = tls_runtime(&server).await;
+    let other = tls_runtime(&server).await;
+    let key = "tls:watchdog";
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(1))
+        .acquire()
+        .await
+        .expect("acquire");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        let pttl = server.pttl(&lock_key(key)).await;
+        assert!(
+            pttl > 0 && pttl <= 1000,
+            "PTTL {pttl} ms after {:?}: expected 0 < PTTL <= 1 s lease",
+            start.elapsed()
+        );
+        let err = other
+            .lock(key)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .map(|_guard| ())
+            .expect_err("another runtime must fail while the watchdog renews");
+        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    guard
+        .release()
+        .await
+        .expect("release after 3 s on a 1 s lease");
+    assert!(!server.exists(&lock_key(key)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_plaintext_url_to_tls_port_fails_with_backend_error_promptly() {
+    let server = RedisServer::start_tls();
+    let plain = format!("redis://127.0.0.1:{}", server.port());
+    let start = Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        Runtime::builder()
+            .redis(plain.clone())
+            .timeout(Duration::from_secs(2))
+            .build(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("building a runtime on {plain} (a TLS port) hung for 20 s"));
+    let elapsed = start.elapsed();
+    let err = match out {
+        Ok(rt) => {
+            // If the connection is made lazily, the first operation must fail instead.
+            let out = tokio::time::timeout(
+                Duration::from_secs(20),
+                rt.lock("tls:plain").wait(Duration::ZERO).acquire(),
+            )
+            .await
+            .expect("an acquire on a plaintext connection to a TLS port hung for 20 s");
+            out.map(|_guard| ())
+                .expect_err("plaintext RESP to a TLS port must not take a lock")
+        }
+        Err(err) => err,
+    };
+    println!("{plain} failed after {elapsed:?}: {err}");
+    assert!(err.is_backend(), "expected LockError::Backend, got {err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "failing took {:?} with a 2 s timeout",
+        start.elapsed()
+    );
+    // The server is unharmed and still serves TLS clients.
+    let rt = tls_runtime(&server).await;
+    rt.lock("tls:plain")
+        .acquire()
+        .await
+        .expect("a TLS client after the plaintext one")
+        .release()
+        .await
+        .expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_self_signed_certificate_is_rejected_without_insecure() {
+    let server = RedisServer::start_tls();
+    let verified = server.tls_url_verified();
+    let start = Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        Runtime::builder()
+            .redis(verified.clone())
+            .timeout(Duration::from_secs(2))
+            .build(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("building a runtime on {verified} hung for 20 s"));
+    let err = match out {
+        Ok(rt) => tokio::time::timeout(
+            Duration::from_secs(20),
+            rt.lock("tls:verified").wait(Duration::ZERO).acquire(),
+        )
+        .await
+        .expect("an acquire over an unverified TLS connection hung for 20 s")
+        .map(|_guard| ())
+        .expect_err("an untrusted self-signed certificate must be refused"),
+        Err(err) => err,
+    };
+    println!("{verified} failed after {:?}: {err}", start.elapsed());
+    assert!(err.is_backend(), "expected LockError::Backend, got {err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "failing took {:?} with a 2 s timeout",
+        start.elapsed()
+    );
+}
