@@ -13,6 +13,9 @@ use crate::guard::{Held, LockGuard};
 use crate::runtime::{Core, validate_lease};
 use crate::{LockError, Runtime};
 
+/// Pause before a waiter retries after an engine error.
+const ERROR_RETRY: Duration = Duration::from_millis(100);
+
 /// Longest deadline the runtime computes; a larger `wait` means "until acquired".
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
@@ -274,7 +277,7 @@ async fn acquire_fresh(
 async fn wait_in_queue(
     core: &Arc<Core>,
     key: String,
-    owner: String,
+    mut owner: String,
     lease: Duration,
     watchdog: bool,
     started: Instant,
@@ -309,7 +312,20 @@ async fn wait_in_queue(
             continue;
         }
         let sent_at = Instant::now();
-        match attempt(core, &key, &owner, lease).await? {
+        let answer = match attempt(core, &key, &owner, lease).await {
+            Ok(answer) => answer,
+            // A transient engine error (a failover, a reconnect) while the wait budget lasts:
+            // try again shortly. The failed attempt's compensating release carries the old
+            // owner token, so the next attempt takes a fresh one.
+            Err(err) if err.is_backend() && Instant::now() + ERROR_RETRY < deadline => {
+                tracing::debug!(key = %key, error = %err, "attempt failed; retrying within the wait");
+                owner = new_owner();
+                tokio::time::sleep(ERROR_RETRY).await;
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        match answer {
             Attempt::Acquired { fence } => {
                 queue.mark_held(lease);
                 return Ok(Held::new(core, key, owner, fence, lease, watchdog, sent_at));

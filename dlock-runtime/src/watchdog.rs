@@ -291,18 +291,29 @@ impl Watchdog {
                 let Some(backend) = backend.upgrade() else {
                     return;
                 };
-                let mut batch = batch;
-                while !batch.is_empty() {
-                    let rest = batch.split_off(batch.len().min(batch_limit));
-                    let chunk = std::mem::replace(&mut batch, rest);
-                    let (ids, items): (Vec<u64>, Vec<Renewal>) = chunk.into_iter().unzip();
-                    let backend = backend.clone();
-                    let this = self.clone();
-                    tokio::spawn(async move {
-                        let sent_at = Instant::now();
-                        let outcome = backend.renew(&items).await;
-                        this.settle(&ids, sent_at, outcome);
-                    });
+                // One call per partition (hash slot on Cluster) and per `batch_limit` locks,
+                // each settled on its own: a slow shard never costs the locks of the others.
+                let mut groups: std::collections::HashMap<u16, Vec<(u64, Renewal)>> =
+                    std::collections::HashMap::new();
+                for (id, item) in batch {
+                    groups
+                        .entry(backend.renew_partition(&item.key))
+                        .or_default()
+                        .push((id, item));
+                }
+                for mut group in groups.into_values() {
+                    while !group.is_empty() {
+                        let rest = group.split_off(group.len().min(batch_limit));
+                        let chunk = std::mem::replace(&mut group, rest);
+                        let (ids, items): (Vec<u64>, Vec<Renewal>) = chunk.into_iter().unzip();
+                        let backend = backend.clone();
+                        let this = self.clone();
+                        tokio::spawn(async move {
+                            let sent_at = Instant::now();
+                            let outcome = backend.renew(&items).await;
+                            this.settle(&ids, sent_at, outcome);
+                        });
+                    }
                 }
             }
             match next {

@@ -21,6 +21,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
+pub mod cluster;
 
 /// How long a freshly spawned `redis-server` may take to answer `PING`.
 const READY_WITHIN: Duration = Duration::from_secs(10);

@@ -97,6 +97,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Duration::ZERO
     }
 
+    /// Renewals of keys with different partitions never share a call (Cluster: the hash slot,
+    /// since one script's keys must share one); each call succeeds or fails on its own.
+    fn renew_partition(&self, _key: &str) -> u16 {
+        0
+    }
+
     /// Renewal batch size the engine handles in one call.
     fn renew_batch_limit(&self) -> usize {
         512

@@ -13,7 +13,6 @@
 //! published while the subscription was down reached nobody), and every wait is bounded by
 //! the holder's TTL anyway.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,11 +32,28 @@ const FENCE_TTL: Duration = Duration::from_secs(600);
 /// Message published by a force-unlock (never equal to a runtime id).
 const FORCED: &str = "forced";
 
+/// A Lua script: run by `EVALSHA`, routed by its first key; when the node does not have it
+/// (first use, `SCRIPT FLUSH`, a restart, a failover) by `EVAL` on that same node, which also
+/// caches it there. (A `SCRIPT LOAD` would go to every node of a cluster and wait for all.)
+struct Lua {
+    sha: String,
+    src: &'static str,
+}
+
+impl Lua {
+    fn new(src: &'static str) -> Self {
+        Self {
+            sha: Script::new(src).get_hash().to_owned(),
+            src,
+        }
+    }
+}
+
 struct Scripts {
-    acquire: Script,
-    renew: Script,
-    release: Script,
-    force_unlock: Script,
+    acquire: Lua,
+    renew: Lua,
+    release: Lua,
+    force_unlock: Lua,
 }
 
 /// One server (reconnecting, resubscribing) or a cluster (slot-routed, MOVED/ASK and failover
@@ -248,7 +264,9 @@ impl RedisBackend {
         let client = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
             .use_protocol(ProtocolVersion::RESP3)
             .push_sender(on_push)
-            .connection_timeout(timeout)
+            // Shorter than the outer bound: a seed that does not answer must not fail the
+            // connection while others do.
+            .connection_timeout(timeout / 2)
             .response_timeout(timeout)
             .build()
             .map_err(|e| LockError::config(format!("bad cluster seeds `{seeds_text}`: {e}")))?;
@@ -318,12 +336,20 @@ impl RedisBackend {
             origin,
             timeout,
             scripts: Scripts {
-                acquire: Script::new(include_str!("lua/acquire.lua")),
-                renew: Script::new(include_str!("lua/renew.lua")),
-                release: Script::new(include_str!("lua/release.lua")),
-                force_unlock: Script::new(include_str!("lua/force_unlock.lua")),
+                acquire: Lua::new(include_str!("lua/acquire.lua")),
+                renew: Lua::new(include_str!("lua/renew.lua")),
+                release: Lua::new(include_str!("lua/release.lua")),
+                force_unlock: Lua::new(include_str!("lua/force_unlock.lua")),
             },
         }
+    }
+
+    fn timed_out(&self, key: Option<&str>, what: &str) -> LockError {
+        let elapsed = std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no reply within {:?}", self.timeout),
+        );
+        LockError::backend(key, what, Some(Arc::new(elapsed)))
     }
 
     /// Runs one call with the response bound, mapping errors to `Backend` naming the key.
@@ -336,13 +362,7 @@ impl RedisBackend {
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(redis_error(key, what, e)),
-            Err(_) => {
-                let elapsed = std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no reply within {:?}", self.timeout),
-                );
-                Err(LockError::backend(key, what, Some(Arc::new(elapsed))))
-            }
+            Err(_) => Err(self.timed_out(key, what)),
         }
     }
 }
@@ -379,19 +399,46 @@ fn on_push(hub: &WaitHub, names: &Names, origin: &str, push: PushInfo) {
 }
 
 impl RedisBackend {
-    /// Renews `items` (all in one hash slot on Cluster) with one script call.
-    async fn renew_one_call(&self, items: &[&Renewal]) -> Result<Vec<Option<bool>>, LockError> {
+    /// Runs `lua` with `fill` appending `numkeys`, the keys and the arguments.
+    async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        lua: &Lua,
+        key: Option<&str>,
+        what: &str,
+        fill: impl Fn(&mut redis::Cmd),
+    ) -> Result<T, LockError> {
         let mut conn = self.conn.clone();
-        let mut invocation = self.scripts.renew.prepare_invoke();
-        for item in items {
-            invocation
-                .key(self.names.lock(&item.key))
-                .arg(&item.owner)
-                .arg(millis_ceil(item.lease));
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&lua.sha);
+        fill(&mut cmd);
+        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await {
+            Ok(Err(err))
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(lua.src);
+                fill(&mut cmd);
+                self.call(key, what, cmd.query_async(&mut conn)).await
+            }
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(redis_error(key, what, e)),
+            Err(_) => Err(self.timed_out(key, what)),
         }
+    }
+
+    /// Renews `items` (all in one hash slot on Cluster) with one script call.
+    async fn renew_one_call(&self, items: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
         let key = (items.len() == 1).then(|| items[0].key.as_str());
         let reply: Vec<i64> = self
-            .call(key, "renewal failed", invocation.invoke_async(&mut conn))
+            .run_script(&self.scripts.renew, key, "renewal failed", |cmd| {
+                cmd.arg(items.len());
+                for item in items {
+                    cmd.arg(self.names.lock(&item.key));
+                }
+                for item in items {
+                    cmd.arg(&item.owner).arg(millis_ceil(item.lease));
+                }
+            })
             .await?;
         Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
     }
@@ -405,20 +452,15 @@ impl Backend for RedisBackend {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Attempt, LockError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let mut invocation = self.scripts.acquire.prepare_invoke();
-            invocation
-                .key(self.names.lock(key))
-                .key(self.names.fence(key))
-                .arg(owner)
-                .arg(millis_ceil(lease))
-                .arg(millis_ceil(lease.saturating_add(FENCE_TTL)));
             let reply: i64 = self
-                .call(
-                    Some(key),
-                    "acquire failed",
-                    invocation.invoke_async(&mut conn),
-                )
+                .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
+                    cmd.arg(2)
+                        .arg(self.names.lock(key))
+                        .arg(self.names.fence(key))
+                        .arg(owner)
+                        .arg(millis_ceil(lease))
+                        .arg(millis_ceil(lease.saturating_add(FENCE_TTL)));
+                })
                 .await?;
             Ok(decode_acquire(reply))
         })
@@ -428,37 +470,15 @@ impl Backend for RedisBackend {
         &'a self,
         batch: &'a [Renewal],
     ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
-        Box::pin(async move {
-            if matches!(self.conn, Conn::Single(_)) {
-                let all: Vec<&Renewal> = batch.iter().collect();
-                return self.renew_one_call(&all).await;
-            }
-            // Cluster: one script call per hash slot (a script's keys must share one), sent
-            // concurrently.
-            let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
-            for (i, item) in batch.iter().enumerate() {
-                by_slot
-                    .entry(hash_slot(self.names.lock(&item.key).as_bytes()))
-                    .or_default()
-                    .push(i);
-            }
-            let groups: Vec<Vec<usize>> = by_slot.into_values().collect();
-            let answers = futures_util::future::join_all(groups.iter().map(|group| {
-                let items: Vec<&Renewal> = group.iter().map(|&i| &batch[i]).collect();
-                async move { self.renew_one_call(&items).await }
-            }))
-            .await;
-            let mut out = vec![None; batch.len()];
-            for (group, answer) in groups.iter().zip(answers) {
-                // A failed group stays undetermined (retried); the others count.
-                if let Ok(renewed) = answer {
-                    for (&i, r) in group.iter().zip(renewed) {
-                        out[i] = r;
-                    }
-                }
-            }
-            Ok(out)
-        })
+        // The watchdog groups batches by `renew_partition`: on Cluster one hash slot per call.
+        Box::pin(self.renew_one_call(batch))
+    }
+
+    fn renew_partition(&self, key: &str) -> u16 {
+        match self.conn {
+            Conn::Single(_) => 0,
+            Conn::Cluster(_) => hash_slot(self.names.lock(key).as_bytes()),
+        }
     }
 
     fn release<'a>(
@@ -467,20 +487,15 @@ impl Backend for RedisBackend {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let mut invocation = self.scripts.release.prepare_invoke();
-            invocation
-                .key(self.names.lock(key))
-                .arg(owner)
-                .arg(self.names.channel(key))
-                .arg(&self.origin)
-                .arg(self.conn.publish_command());
             let reply: i64 = self
-                .call(
-                    Some(key),
-                    "release failed",
-                    invocation.invoke_async(&mut conn),
-                )
+                .run_script(&self.scripts.release, Some(key), "release failed", |cmd| {
+                    cmd.arg(1)
+                        .arg(self.names.lock(key))
+                        .arg(owner)
+                        .arg(self.names.channel(key))
+                        .arg(&self.origin)
+                        .arg(self.conn.publish_command());
+                })
                 .await?;
             Ok(match reply {
                 1 => Released::Freed,
@@ -492,18 +507,18 @@ impl Backend for RedisBackend {
 
     fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let mut invocation = self.scripts.force_unlock.prepare_invoke();
-            invocation
-                .key(self.names.lock(key))
-                .arg(self.names.channel(key))
-                .arg(FORCED)
-                .arg(self.conn.publish_command());
             let reply: i64 = self
-                .call(
+                .run_script(
+                    &self.scripts.force_unlock,
                     Some(key),
                     "force unlock failed",
-                    invocation.invoke_async(&mut conn),
+                    |cmd| {
+                        cmd.arg(1)
+                            .arg(self.names.lock(key))
+                            .arg(self.names.channel(key))
+                            .arg(FORCED)
+                            .arg(self.conn.publish_command());
+                    },
                 )
                 .await?;
             Ok(reply == 1)
