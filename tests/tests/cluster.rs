@@ -1,10 +1,8 @@
 //! Redis Cluster (`redis+cluster://`, `.redis_cluster([..])`) end to end, on a real cluster of
 //! three masters and three replicas per test ([`RedisCluster`]): locks on every shard, mutual
 //! exclusion, sharded notifications, renewals batched per slot, fencing, bad seeds, and
-//! failover after kill -9 of a master that holds a lock.
-//!
-//! Tests marked `#[ignore = "runtime bug: ..."]` assert documented behaviour that the runtime
-//! does not have yet; run them with `cargo test -p dlock-tests --test cluster -- --ignored`.
+//! failover after kill -9 or SIGSTOP of a master, a stalled shard, frozen seeds, and sharded
+//! subscriptions restored after a failover.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -571,9 +569,6 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runtime bug (flaky, about 2 runs in 5): after a failover the waiting runtime's \
-            SSUBSCRIBE is not always moved to the promoted replica, so the release message \
-            reaches nobody and the waiter sleeps until the holder's TTL"]
 async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
     let mut cluster = RedisCluster::start();
     let master = cluster.master_for_slot(0).await;
@@ -830,9 +825,6 @@ async fn stalled_shard_does_not_cost_locks_on_the_other_shards() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runtime bug: after a frozen master is failed over, calls for its slots keep timing \
-            out on the frozen node (redis 1.8 cluster client retries timeouts on the same node \
-            and never refreshes the slot map)"]
 async fn frozen_master_fails_over_and_the_runtime_resumes_on_the_promoted_replica() {
     let mut cluster = RedisCluster::start();
     let master = cluster.master_for_slot(0).await;

@@ -92,11 +92,117 @@ impl ConnectionLike for Conn {
     }
 }
 
-impl Conn {
+/// The connection a backend holds.
+enum Link {
+    Single(ConnectionManager),
+    Cluster(Arc<ClusterLink>),
+}
+
+/// A cluster connection that can be rebuilt, plus the sharded subscriptions to restore.
+///
+/// The cluster client follows MOVED/ASK and refreshes its slot map after connection errors,
+/// but not after timeouts: a master that froze (rather than died) and was failed over would
+/// keep its slots' calls timing out. Any timeout therefore asks the maintenance task to
+/// rebuild the connection from the seeds (a fresh slot map); a disconnect or a rebuild makes it
+/// re-issue `SSUBSCRIBE` for every watched channel until all are confirmed, then wake every
+/// waiter.
+struct ClusterLink {
+    client: redis::cluster::ClusterClient,
+    conn: std::sync::RwLock<ClusterConnection>,
+    channels: std::sync::Mutex<std::collections::HashSet<String>>,
+    repair: Arc<tokio::sync::Notify>,
+    rebuild: std::sync::atomic::AtomicBool,
+    timeout: Duration,
+}
+
+impl Drop for ClusterLink {
+    fn drop(&mut self) {
+        // Lets the maintenance task notice that the backend is gone.
+        self.repair.notify_one();
+    }
+}
+
+impl ClusterLink {
+    fn conn(&self) -> ClusterConnection {
+        self.conn
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn channels(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.channels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Rebuilds the connection when asked, then restores every sharded subscription.
+    async fn maintain(
+        link: std::sync::Weak<Self>,
+        repair: Arc<tokio::sync::Notify>,
+        hub: Arc<WaitHub>,
+    ) {
+        use std::sync::atomic::Ordering;
+        loop {
+            repair.notified().await;
+            // Let a burst of triggers (many calls timing out at once) settle into one repair.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Some(this) = link.upgrade() else {
+                return;
+            };
+            let mut retry = false;
+            if this.rebuild.swap(false, Ordering::AcqRel) {
+                match tokio::time::timeout(this.timeout, this.client.get_async_connection()).await {
+                    Ok(Ok(conn)) => {
+                        *this
+                            .conn
+                            .write()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = conn;
+                        tracing::debug!("cluster connection rebuilt after a timeout");
+                    }
+                    _ => {
+                        this.rebuild.store(true, Ordering::Release);
+                        retry = true;
+                    }
+                }
+            }
+            let channels: Vec<String> = this.channels().iter().cloned().collect();
+            let mut conn = this.conn();
+            for channel in channels {
+                let confirmed = tokio::time::timeout(this.timeout, conn.ssubscribe(&channel)).await;
+                retry |= !matches!(confirmed, Ok(Ok(())));
+            }
+            hub.wake_all();
+            drop(this);
+            if retry {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                repair.notify_one();
+            }
+        }
+    }
+}
+
+impl Link {
+    fn handle(&self) -> Conn {
+        match self {
+            Self::Single(c) => Conn::Single(c.clone()),
+            Self::Cluster(link) => Conn::Cluster(link.conn()),
+        }
+    }
+
     fn publish_command(&self) -> &'static str {
         match self {
             Self::Single(_) => "PUBLISH",
             Self::Cluster(_) => "SPUBLISH",
+        }
+    }
+
+    /// A call timed out: on Cluster the slot map may be stale (a frozen master failed over).
+    fn note_timeout(&self) {
+        if let Self::Cluster(link) = self {
+            link.rebuild
+                .store(true, std::sync::atomic::Ordering::Release);
+            link.repair.notify_one();
         }
     }
 }
@@ -130,7 +236,7 @@ fn hash_slot(key: &[u8]) -> u16 {
 }
 
 pub(crate) struct RedisBackend {
-    conn: Conn,
+    link: Link,
     names: Names,
     origin: String,
     timeout: Duration,
@@ -215,7 +321,7 @@ impl RedisBackend {
                 })?
                 .map_err(|e| redis_error(None, &format!("cannot connect to {url}"), e))?;
         Ok(Self::with_connection(
-            Conn::Single(conn),
+            Link::Single(conn),
             names,
             origin,
             timeout,
@@ -238,7 +344,7 @@ impl RedisBackend {
         let conn = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| redis_error(None, &format!("cannot set up a connection to {url}"), e))?;
         Ok(Self::with_connection(
-            Conn::Single(conn),
+            Link::Single(conn),
             names,
             origin,
             timeout,
@@ -256,8 +362,14 @@ impl RedisBackend {
         let names = Names { prefix };
         let push_names = names.clone();
         let push_origin = origin.clone();
+        let repair = Arc::new(tokio::sync::Notify::new());
+        let push_repair = repair.clone();
+        let push_hub = hub.clone();
         let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
-            on_push(&hub, &push_names, &push_origin, push);
+            if push.kind == PushKind::Disconnection {
+                push_repair.notify_one();
+            }
+            on_push(&push_hub, &push_names, &push_origin, push);
             Ok(())
         };
         let seeds_text = seeds.join(",");
@@ -286,8 +398,17 @@ impl RedisBackend {
             .map_err(|e| {
                 redis_error(None, &format!("cannot connect to cluster {seeds_text}"), e)
             })?;
+        let link = Arc::new(ClusterLink {
+            client,
+            conn: std::sync::RwLock::new(conn),
+            channels: std::sync::Mutex::default(),
+            repair: repair.clone(),
+            rebuild: std::sync::atomic::AtomicBool::new(false),
+            timeout,
+        });
+        tokio::spawn(ClusterLink::maintain(Arc::downgrade(&link), repair, hub));
         Ok(Self::with_connection(
-            Conn::Cluster(conn),
+            Link::Cluster(link),
             names,
             origin,
             timeout,
@@ -329,9 +450,9 @@ impl RedisBackend {
         Ok((client, config, names))
     }
 
-    fn with_connection(conn: Conn, names: Names, origin: String, timeout: Duration) -> Self {
+    fn with_connection(link: Link, names: Names, origin: String, timeout: Duration) -> Self {
         Self {
-            conn,
+            link,
             names,
             origin,
             timeout,
@@ -361,8 +482,16 @@ impl RedisBackend {
     ) -> Result<T, LockError> {
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(redis_error(key, what, e)),
-            Err(_) => Err(self.timed_out(key, what)),
+            Ok(Err(e)) => {
+                if e.is_timeout() {
+                    self.link.note_timeout();
+                }
+                Err(redis_error(key, what, e))
+            }
+            Err(_) => {
+                self.link.note_timeout();
+                Err(self.timed_out(key, what))
+            }
         }
     }
 }
@@ -407,7 +536,7 @@ impl RedisBackend {
         what: &str,
         fill: impl Fn(&mut redis::Cmd),
     ) -> Result<T, LockError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.link.handle();
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&lua.sha);
         fill(&mut cmd);
@@ -421,8 +550,16 @@ impl RedisBackend {
                 self.call(key, what, cmd.query_async(&mut conn)).await
             }
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(redis_error(key, what, e)),
-            Err(_) => Err(self.timed_out(key, what)),
+            Ok(Err(e)) => {
+                if e.is_timeout() {
+                    self.link.note_timeout();
+                }
+                Err(redis_error(key, what, e))
+            }
+            Err(_) => {
+                self.link.note_timeout();
+                Err(self.timed_out(key, what))
+            }
         }
     }
 
@@ -475,9 +612,9 @@ impl Backend for RedisBackend {
     }
 
     fn renew_partition(&self, key: &str) -> u16 {
-        match self.conn {
-            Conn::Single(_) => 0,
-            Conn::Cluster(_) => hash_slot(self.names.lock(key).as_bytes()),
+        match self.link {
+            Link::Single(_) => 0,
+            Link::Cluster(_) => hash_slot(self.names.lock(key).as_bytes()),
         }
     }
 
@@ -494,7 +631,7 @@ impl Backend for RedisBackend {
                         .arg(owner)
                         .arg(self.names.channel(key))
                         .arg(&self.origin)
-                        .arg(self.conn.publish_command());
+                        .arg(self.link.publish_command());
                 })
                 .await?;
             Ok(match reply {
@@ -517,7 +654,7 @@ impl Backend for RedisBackend {
                             .arg(self.names.lock(key))
                             .arg(self.names.channel(key))
                             .arg(FORCED)
-                            .arg(self.conn.publish_command());
+                            .arg(self.link.publish_command());
                     },
                 )
                 .await?;
@@ -527,7 +664,7 @@ impl Backend for RedisBackend {
 
     fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.link.handle();
             let cmd = redis::cmd("EXISTS").arg(self.names.lock(key)).clone();
             let n: i64 = self
                 .call(Some(key), "lookup failed", cmd.query_async(&mut conn))
@@ -539,14 +676,19 @@ impl Backend for RedisBackend {
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
         Box::pin(async move {
             let channel = self.names.channel(key);
-            match self.conn.clone() {
-                Conn::Single(mut c) => {
+            match &self.link {
+                Link::Single(c) => {
+                    let mut c = c.clone();
                     self.call(Some(key), "subscribe failed", c.subscribe(channel))
                         .await
                 }
-                Conn::Cluster(mut c) => {
-                    self.call(Some(key), "subscribe failed", c.ssubscribe(channel))
-                        .await
+                Link::Cluster(link) => {
+                    let mut c = link.conn();
+                    self.call(Some(key), "subscribe failed", c.ssubscribe(&channel))
+                        .await?;
+                    // Restored by the maintenance task after a disconnect or a rebuild.
+                    link.channels().insert(channel);
+                    Ok(())
                 }
             }
         })
@@ -555,13 +697,16 @@ impl Backend for RedisBackend {
     fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
         Box::pin(async move {
             let channel = self.names.channel(key);
-            match self.conn.clone() {
-                Conn::Single(mut c) => {
+            match &self.link {
+                Link::Single(c) => {
+                    let mut c = c.clone();
                     self.call(Some(key), "unsubscribe failed", c.unsubscribe(channel))
                         .await
                 }
-                Conn::Cluster(mut c) => {
-                    self.call(Some(key), "unsubscribe failed", c.sunsubscribe(channel))
+                Link::Cluster(link) => {
+                    link.channels().remove(&channel);
+                    let mut c = link.conn();
+                    self.call(Some(key), "unsubscribe failed", c.sunsubscribe(&channel))
                         .await
                 }
             }
