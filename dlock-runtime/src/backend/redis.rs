@@ -305,21 +305,12 @@ impl RedisBackend {
         timeout: Duration,
     ) -> Result<Self, LockError> {
         let (client, config, names) = Self::open(url, prefix, hub, &origin, timeout)?;
-        let conn =
-            tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
-                .await
-                .map_err(|_| {
-                    let elapsed = std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("no connection within {timeout:?}"),
-                    );
-                    LockError::backend(
-                        None,
-                        format!("cannot connect to {url}"),
-                        Some(Arc::new(elapsed)),
-                    )
-                })?
-                .map_err(|e| redis_error(None, &format!("cannot connect to {url}"), e))?;
+        let conn = connect_within(
+            timeout,
+            &format!("cannot connect to {url}"),
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await?;
         Ok(Self::with_connection(
             Link::Single(conn),
             names,
@@ -360,18 +351,13 @@ impl RedisBackend {
         timeout: Duration,
     ) -> Result<Self, LockError> {
         let names = Names { prefix };
-        let push_names = names.clone();
-        let push_origin = origin.clone();
         let repair = Arc::new(tokio::sync::Notify::new());
-        let push_repair = repair.clone();
-        let push_hub = hub.clone();
-        let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
-            if push.kind == PushKind::Disconnection {
-                push_repair.notify_one();
-            }
-            on_push(&push_hub, &push_names, &push_origin, push);
-            Ok(())
-        };
+        let on_push = push_handler(
+            hub.clone(),
+            names.clone(),
+            origin.clone(),
+            Some(repair.clone()),
+        );
         let seeds_text = seeds.join(",");
         let client = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
             .use_protocol(ProtocolVersion::RESP3)
@@ -382,22 +368,12 @@ impl RedisBackend {
             .response_timeout(timeout)
             .build()
             .map_err(|e| LockError::config(format!("bad cluster seeds `{seeds_text}`: {e}")))?;
-        let conn = tokio::time::timeout(timeout, client.get_async_connection())
-            .await
-            .map_err(|_| {
-                let elapsed = std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no connection within {timeout:?}"),
-                );
-                LockError::backend(
-                    None,
-                    format!("cannot connect to cluster {seeds_text}"),
-                    Some(Arc::new(elapsed)),
-                )
-            })?
-            .map_err(|e| {
-                redis_error(None, &format!("cannot connect to cluster {seeds_text}"), e)
-            })?;
+        let conn = connect_within(
+            timeout,
+            &format!("cannot connect to cluster {seeds_text}"),
+            client.get_async_connection(),
+        )
+        .await?;
         let link = Arc::new(ClusterLink {
             client,
             conn: std::sync::RwLock::new(conn),
@@ -433,12 +409,7 @@ impl RedisBackend {
         let client = redis::Client::open(info)
             .map_err(|e| LockError::config(format!("bad redis url `{url}`: {e}")))?;
         let names = Names { prefix };
-        let push_names = names.clone();
-        let push_origin = origin.to_owned();
-        let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
-            on_push(&hub, &push_names, &push_origin, push);
-            Ok(())
-        };
+        let on_push = push_handler(hub, names.clone(), origin.to_owned(), None);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             // Each call is bounded by `timeout` in `RedisBackend::call` (one timer per call).
@@ -466,11 +437,8 @@ impl RedisBackend {
     }
 
     fn timed_out(&self, key: Option<&str>, what: &str) -> LockError {
-        let elapsed = std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no reply within {:?}", self.timeout),
-        );
-        LockError::backend(key, what, Some(Arc::new(elapsed)))
+        let elapsed = timed_out(format!("no reply within {:?}", self.timeout));
+        LockError::backend(key, what, Some(elapsed))
     }
 
     /// Runs one call with the response bound, mapping errors to `Backend` naming the key.
@@ -493,6 +461,47 @@ impl RedisBackend {
                 Err(self.timed_out(key, what))
             }
         }
+    }
+}
+
+/// An I/O "timed out" error as the source of a `Backend` error.
+fn timed_out(message: String) -> Arc<dyn std::error::Error + Send + Sync> {
+    Arc::new(std::io::Error::new(std::io::ErrorKind::TimedOut, message))
+}
+
+/// Awaits a connection attempt bounded by `timeout`; a failure is `Backend` saying `what`.
+async fn connect_within<T>(
+    timeout: Duration,
+    what: &str,
+    connecting: impl std::future::Future<Output = Result<T, RedisError>>,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(redis_error(None, what, e)),
+        Err(_) => Err(LockError::backend(
+            None,
+            what,
+            Some(timed_out(format!("no connection within {timeout:?}"))),
+        )),
+    }
+}
+
+/// The push sender of a connection: hands every push to [`on_push`]; on Cluster a disconnect
+/// also asks for `repair` (subscriptions restored by the maintenance task).
+fn push_handler(
+    hub: Arc<WaitHub>,
+    names: Names,
+    origin: String,
+    repair: Option<Arc<tokio::sync::Notify>>,
+) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Send + Sync + 'static {
+    move |push: PushInfo| {
+        if push.kind == PushKind::Disconnection
+            && let Some(repair) = &repair
+        {
+            repair.notify_one();
+        }
+        on_push(&hub, &names, &origin, push);
+        Ok(())
     }
 }
 
