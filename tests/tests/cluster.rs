@@ -906,3 +906,45 @@ async fn frozen_master_does_not_block_first_locks_on_the_other_shards() {
     }
     cluster.resume(frozen);
 }
+
+/// Several OS processes, each with its own runtime on the cluster, increment a counter kept on
+/// a separate plain redis-server (GET, sleep, SET: exact only under mutual exclusion).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_on_the_cluster_increment_a_counter_exactly() {
+    const PROCESSES: u64 = 3;
+    const ITERATIONS: u64 = 30;
+    let cluster = RedisCluster::start();
+    let store = RedisServer::start();
+    let url = cluster.url();
+    let store_url = store.url();
+    let iterations = ITERATIONS.to_string();
+    let mut holders: Vec<HolderProcess> = (0..PROCESSES)
+        .map(|_| {
+            HolderProcess::spawn(
+                env!("CARGO_BIN_EXE_dlock-holder"),
+                &[
+                    "--url",
+                    &url,
+                    "--counter-url",
+                    &store_url,
+                    "--key",
+                    "cluster:processes",
+                    "--mode",
+                    "counter",
+                    "--iterations",
+                    &iterations,
+                    "--counter",
+                    "counter:cluster-processes",
+                ],
+            )
+        })
+        .collect();
+    for holder in &mut holders {
+        let status = holder.wait(Duration::from_secs(120)).await;
+        assert!(status.success(), "dlock-holder failed: {status}");
+    }
+    let total: u64 = store
+        .query(redis::cmd("GET").arg("counter:cluster-processes"))
+        .await;
+    assert_eq!(total, PROCESSES * ITERATIONS);
+}

@@ -1115,3 +1115,46 @@ async fn release_wakes_a_waiter_on_another_runtime_quickly() {
         "the waiter took {latency:?} after the release: the notification did not wake it"
     );
 }
+
+/// Several OS processes, each with its own Redlock runtime on the same three nodes, increment
+/// a counter kept on a separate plain redis-server (GET, sleep, SET: exact only under
+/// mutual exclusion).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_on_redlock_increment_a_counter_exactly() {
+    const PROCESSES: u64 = 3;
+    const ITERATIONS: u64 = 30;
+    let nodes = Nodes::start(3);
+    let store = RedisServer::start();
+    let url = nodes.redlock_url("node_timeout=500ms");
+    let store_url = store.url();
+    let iterations = ITERATIONS.to_string();
+    let mut holders: Vec<HolderProcess> = (0..PROCESSES)
+        .map(|_| {
+            HolderProcess::spawn(
+                env!("CARGO_BIN_EXE_dlock-holder"),
+                &[
+                    "--url",
+                    &url,
+                    "--counter-url",
+                    &store_url,
+                    "--key",
+                    "redlock:processes",
+                    "--mode",
+                    "counter",
+                    "--iterations",
+                    &iterations,
+                    "--counter",
+                    "counter:redlock-processes",
+                ],
+            )
+        })
+        .collect();
+    for holder in &mut holders {
+        let status = holder.wait(Duration::from_secs(120)).await;
+        assert!(status.success(), "dlock-holder failed: {status}");
+    }
+    let total: u64 = store
+        .query(redis::cmd("GET").arg("counter:redlock-processes"))
+        .await;
+    assert_eq!(total, PROCESSES * ITERATIONS);
+}

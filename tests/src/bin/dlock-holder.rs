@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! dlock-holder --url URL --key KEY --mode counter --iterations N [--counter REDIS_KEY]
+//!     [--counter-url redis://...]   (where the counter lives; default: URL, which must then be
+//!                                    a plain redis:// URL; needed for cluster and redlock URLs)
 //!     N times: acquire KEY, GET the counter, sleep 1 ms, SET it to the value + 1, release.
 //!     The increment is not atomic, so the final count is exact only under mutual exclusion.
 //!     Prints "done N" at the end.
@@ -33,6 +35,8 @@ enum Mode {
 #[derive(Debug)]
 struct Args {
     url: String,
+    /// Where the counter lives (a plain `redis://` URL); defaults to `url`.
+    counter_url: String,
     key: String,
     mode: Mode,
 }
@@ -43,6 +47,7 @@ fn parse_args() -> Result<Args, BoxError> {
     let mut mode = None;
     let mut iterations = 100u64;
     let mut counter = None;
+    let mut counter_url = None;
     let mut lease_ms = 30_000u64;
     let mut watchdog = true;
     let mut args = std::env::args().skip(1);
@@ -50,6 +55,7 @@ fn parse_args() -> Result<Args, BoxError> {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--url" => url = Some(value()?),
+            "--counter-url" => counter_url = Some(value()?),
             "--key" => key = Some(value()?),
             "--mode" => mode = Some(value()?),
             "--iterations" => iterations = value()?.parse()?,
@@ -59,7 +65,8 @@ fn parse_args() -> Result<Args, BoxError> {
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
-    let url = url.ok_or("--url is required")?;
+    let url: String = url.ok_or("--url is required")?;
+    let counter_url = counter_url.unwrap_or_else(|| url.clone());
     let key = key.ok_or("--key is required")?;
     let mode = match mode.as_deref() {
         Some("counter") => Mode::Counter {
@@ -80,7 +87,12 @@ fn parse_args() -> Result<Args, BoxError> {
             );
         }
     };
-    Ok(Args { url, key, mode })
+    Ok(Args {
+        url,
+        counter_url,
+        key,
+        mode,
+    })
 }
 
 async fn run(args: Args) -> Result<ExitCode, BoxError> {
@@ -90,7 +102,7 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
             iterations,
             counter,
         } => {
-            let mut conn = redis::Client::open(args.url.as_str())?
+            let mut conn = redis::Client::open(args.counter_url.as_str())?
                 .get_multiplexed_async_connection()
                 .await?;
             for _ in 0..iterations {
@@ -119,7 +131,7 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
             counter,
         } => {
             rt.install()?;
-            let mut conn = redis::Client::open(args.url.as_str())?
+            let mut conn = redis::Client::open(args.counter_url.as_str())?
                 .get_multiplexed_async_connection()
                 .await?;
             for _ in 0..iterations {
