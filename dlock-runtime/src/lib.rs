@@ -5,6 +5,7 @@
 //! - `macros` (default): re-exports the [`distributed_lock`] attribute.
 //! - `redis` (default): the Redis engine (`redis://`).
 //! - `tls`: `rediss://` (TLS through rustls).
+//! - `etcd`: the etcd engine (`etcd://`); its client's build needs `protoc`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;

@@ -192,6 +192,23 @@ async fn attempt(
     owner: &str,
     lease: Duration,
 ) -> Result<Attempt, LockError> {
+    compensated(
+        core,
+        key,
+        owner,
+        core.backend.try_acquire(key, owner, lease),
+    )
+    .await
+}
+
+/// Runs one acquire request; if its answer never arrives (error, timeout, or the future is
+/// dropped), schedules an owner-checked release with the same token.
+async fn compensated(
+    core: &Arc<Core>,
+    key: &str,
+    owner: &str,
+    request: crate::backend::BoxFuture<'_, Result<Attempt, LockError>>,
+) -> Result<Attempt, LockError> {
     struct Compensate<'a> {
         core: &'a Arc<Core>,
         key: &'a str,
@@ -215,7 +232,7 @@ async fn attempt(
         owner,
         armed: true,
     };
-    let result = core.backend.try_acquire(key, owner, lease).await;
+    let result = request.await;
     compensate.armed = result.is_err();
     result
 }
@@ -252,6 +269,25 @@ async fn acquire_fresh(
         key,
         waited: started.elapsed(),
     };
+
+    // Engines with their own FIFO queue wait there (no local queue, no polling).
+    let queued = match core.backend.acquire_queued(&key, &owner, lease, deadline) {
+        Some(request) => Some(compensated(core, &key, &owner, request).await?),
+        None => None,
+    };
+    if let Some(answer) = queued {
+        return match answer {
+            Attempt::Acquired { fence } => {
+                // The lease was granted when the request started and kept alive while queued:
+                // count on it from the later of that start and a third of a lease ago.
+                let since = Instant::now()
+                    .checked_sub(lease / 3)
+                    .map_or(started, |t| t.max(started));
+                Ok(Held::new(core, key, owner, fence, lease, watchdog, since))
+            }
+            Attempt::Busy { .. } => Err(timeout(key)),
+        };
+    }
 
     // Fast path: one attempt, unless local waiters are queued (then queue behind them).
     if wait.is_zero() || !core.hub.has_waiters(&key) {

@@ -195,7 +195,7 @@ impl Runtime {
         &self.core.prefix
     }
 
-    /// The engine's name: `"redis"`, `"redis-cluster"`, `"redlock"`, `"memory"`.
+    /// The engine's name: `"redis"`, `"redis-cluster"`, `"redlock"`, `"etcd"`, `"memory"`.
     pub fn engine(&self) -> &'static str {
         self.core.engine
     }
@@ -213,6 +213,7 @@ enum Engine {
     Redis(String),
     RedisCluster(Vec<String>),
     Redlock(Vec<String>),
+    Etcd(Vec<String>),
 }
 
 /// Default per-node timeout of Redlock calls.
@@ -261,6 +262,20 @@ impl RuntimeBuilder {
         S: Into<String>,
     {
         self.engine = Engine::RedisCluster(seeds.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// etcd (feature `etcd`), one endpoint per member: `.etcd(["http://h1:2379",
+    /// "http://h2:2379"])`. Locks live in etcd's own FIFO queue (create revisions, a lease per
+    /// contender kept alive also while queued, each waiter watching only its predecessor);
+    /// `fence()` is the key's create revision. Leases are whole seconds (rounded up; the server
+    /// may raise short ones to its minimum).
+    pub fn etcd<I, S>(mut self, endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.engine = Engine::Etcd(endpoints.into_iter().map(Into::into).collect());
         self
     }
 
@@ -414,9 +429,28 @@ impl RuntimeBuilder {
                     _ => Engine::Redis(node_url(scheme, base)),
                 }
             }
+            "etcd" => {
+                if let Some(unknown) = engine_params.first() {
+                    return Err(LockError::config(format!(
+                        "unknown option `{unknown}` in `{url}`; expected prefix, lease, wait or timeout"
+                    )));
+                }
+                let hosts: Vec<&str> = base.trim_end_matches('/').split(',').collect();
+                if hosts.iter().any(|h| h.trim().is_empty()) {
+                    return Err(LockError::config(format!(
+                        "`{url}`: expected etcd://host1:port1,host2:port2,..."
+                    )));
+                }
+                Engine::Etcd(
+                    hosts
+                        .iter()
+                        .map(|h| format!("http://{}", h.trim()))
+                        .collect(),
+                )
+            }
             other => {
                 return Err(LockError::config(format!(
-                    "unsupported scheme `{other}` in `{url}`; expected one of redis, rediss, redis+cluster, redlock, memory"
+                    "unsupported scheme `{other}` in `{url}`; expected one of redis, rediss, redis+cluster, redlock, etcd, memory"
                 )));
             }
         };
@@ -491,6 +525,26 @@ impl RuntimeBuilder {
                     self.node_timeout,
                 )?;
                 (Arc::new(backend), "redlock")
+            }
+            #[cfg(feature = "etcd")]
+            Engine::Etcd(endpoints) => {
+                if endpoints.is_empty() {
+                    return Err(LockError::config("etcd needs at least one endpoint"));
+                }
+                let backend = crate::backend::etcd::EtcdBackend::connect(
+                    &endpoints,
+                    self.prefix.clone(),
+                    self.timeout,
+                )
+                .await?;
+                (Arc::new(backend), "etcd")
+            }
+            #[cfg(not(feature = "etcd"))]
+            Engine::Etcd(endpoints) => {
+                return Err(LockError::config(format!(
+                    "etcd ({}) needs the `etcd` feature of dlock-runtime",
+                    endpoints.join(",")
+                )));
             }
             #[cfg(not(feature = "redis"))]
             Engine::Redis(_) | Engine::RedisCluster(_) | Engine::Redlock(_) => {

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub mod cluster;
+pub mod etcd;
+pub mod zookeeper;
 
 /// How long a freshly spawned `redis-server` may take to answer `PING`.
 const READY_WITHIN: Duration = Duration::from_secs(10);

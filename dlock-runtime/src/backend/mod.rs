@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use crate::LockError;
 
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
@@ -65,6 +67,19 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &'a self,
         batch: &'a [Renewal],
     ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>>;
+
+    /// Engines with their own FIFO queue (etcd, ZooKeeper) wait there: one call that returns
+    /// `Acquired` when first in line, or `Busy` at `deadline` (having left the queue). `None`:
+    /// the runtime waits itself (local queue, notifications, retries of `try_acquire`).
+    fn acquire_queued<'a>(
+        &'a self,
+        _key: &'a str,
+        _owner: &'a str,
+        _lease: Duration,
+        _deadline: tokio::time::Instant,
+    ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>> {
+        None
+    }
 
     /// Owner-checked release of one hold.
     fn release<'a>(

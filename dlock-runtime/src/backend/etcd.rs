@@ -1,0 +1,479 @@
+//! etcd (`etcd://h1:2379,h2:2379`): a consensus store (Raft, CP), for locks that must stay
+//! correct through a failover.
+//!
+//! The recipe of etcd's own concurrency package, implemented here on plain KV operations (not
+//! the Lock RPC, so that a cancelled or timed-out waiter removes its own place in the queue):
+//! - every contender grants a **lease** (TTL = the lock's lease rounded up to whole seconds;
+//!   the server may raise it to its minimum) and keeps it alive from that moment, also while
+//!   queued, so it cannot expire in the queue;
+//! - it writes its key `<prefix><key>/<lease id>` attached to the lease; the holder is the
+//!   lowest **create revision** under the prefix (FIFO), which is also the fencing token
+//!   (strictly increasing cluster-wide);
+//! - a waiter watches only its predecessor's key (no herd) and looks again when it is deleted;
+//! - after it is first in line, it checks that its key still exists and its lease is still
+//!   alive before reporting the lock acquired (etcd 3.4 was seen granting a queued waiter whose
+//!   lease had expired);
+//! - release deletes the key and revokes the lease; a deadline or a cancellation does the same
+//!   (the runtime's compensating release).
+//!
+//! Renewal is one keep-alive per lease plus a check that the key still exists: a lease revoked
+//! or expired, or a key deleted from outside, is a loss.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder, SortTarget, WatchOptions,
+};
+use tokio::time::Instant;
+
+use super::{Attempt, Backend, BoxFuture, Released, Renewal};
+use crate::LockError;
+
+/// One contender: its lease, its key, and its create revision once written.
+#[derive(Debug, Clone)]
+struct Contender {
+    lease: i64,
+    key: String,
+}
+
+pub(crate) struct EtcdBackend {
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+    /// Owner token -> its contender (the runtime chooses owners before any request).
+    contenders: Arc<Mutex<HashMap<String, Contender>>>,
+}
+
+fn etcd_error(key: Option<&str>, what: &str, err: etcd_client::Error) -> LockError {
+    LockError::backend(key, what, Some(Arc::new(err)))
+}
+
+/// The lease's TTL in whole seconds, rounded up (etcd's resolution), at least 1.
+fn ttl_seconds(lease: Duration) -> i64 {
+    let secs = lease.as_nanos().div_ceil(1_000_000_000);
+    i64::try_from(secs).unwrap_or(i64::MAX).max(1)
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster through `endpoints` (`http://host:port`).
+    pub(crate) async fn connect(
+        endpoints: &[String],
+        prefix: String,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout);
+        let joined = endpoints.join(",");
+        let client =
+            match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
+                Ok(Ok(client)) => client,
+                Ok(Err(
+                    e @ (etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_)),
+                )) => {
+                    return Err(LockError::config(format!(
+                        "bad etcd endpoints `{joined}`: {e}"
+                    )));
+                }
+                Ok(Err(e)) => {
+                    return Err(etcd_error(
+                        None,
+                        &format!("cannot connect to etcd {joined}"),
+                        e,
+                    ));
+                }
+                Err(_) => {
+                    return Err(LockError::backend(
+                        None,
+                        format!("cannot connect to etcd {joined} within {timeout:?}"),
+                        None,
+                    ));
+                }
+            };
+        let backend = Self {
+            client,
+            prefix,
+            timeout,
+            contenders: Arc::default(),
+        };
+        // Prove the cluster answers (the client connects lazily).
+        let mut kv = backend.client.clone();
+        backend
+            .bounded(
+                None,
+                "etcd does not answer",
+                kv.get("dlock-ping", Some(GetOptions::new().with_count_only())),
+            )
+            .await?;
+        Ok(backend)
+    }
+
+    fn contenders(&self) -> MutexGuard<'_, HashMap<String, Contender>> {
+        // Map operations cannot be interrupted half-way: a poisoned lock is consistent.
+        self.contenders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn queue_prefix(&self, key: &str) -> String {
+        format!("{}{key}/", self.prefix)
+    }
+
+    async fn bounded<T>(
+        &self,
+        key: Option<&str>,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, LockError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(etcd_error(key, what, e)),
+            Err(_) => Err(LockError::backend(
+                key,
+                format!("{what}: no reply within {:?}", self.timeout),
+                None,
+            )),
+        }
+    }
+
+    /// Keeps `lease` alive every third of its TTL until the returned guard is dropped.
+    fn keep_alive_while_queued(&self, lease: i64, ttl: Duration) -> tokio::task::JoinHandle<()> {
+        let mut client = self.client.clone();
+        tokio::spawn(async move {
+            let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await else {
+                return;
+            };
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                if keeper.keep_alive().await.is_err() {
+                    return;
+                }
+                match stream.message().await {
+                    Ok(Some(resp)) if resp.ttl() > 0 => {}
+                    _ => return,
+                }
+            }
+        })
+    }
+
+    /// Waits in the queue of `key` until first in line (`Acquired`) or `deadline` (`Busy`).
+    async fn queue(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+        deadline: Instant,
+    ) -> Result<Attempt, LockError> {
+        let mut client = self.client.clone();
+        let granted = self
+            .bounded(
+                Some(key),
+                "lease grant failed",
+                client.lease_grant(ttl_seconds(lease), None),
+            )
+            .await?;
+        let lease_id = granted.id();
+        let contender_key = format!("{}{lease_id:016x}", self.queue_prefix(key));
+        // Known before the key is written: a cancelled attempt's compensating release finds it.
+        self.contenders().insert(
+            owner.to_owned(),
+            Contender {
+                lease: lease_id,
+                key: contender_key.clone(),
+            },
+        );
+        let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1));
+        let keeper = self.keep_alive_while_queued(lease_id, ttl);
+        let _stop_keeper = AbortOnDrop(keeper);
+
+        let put = self
+            .bounded(
+                Some(key),
+                "queueing failed",
+                client.put(
+                    contender_key.as_str(),
+                    owner,
+                    Some(PutOptions::new().with_lease(lease_id)),
+                ),
+            )
+            .await?;
+        let my_revision = put.header().map_or(0, |h| h.revision());
+        loop {
+            // The predecessor: the newest key created before ours.
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(my_revision - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1);
+            let before = self
+                .bounded(
+                    Some(key),
+                    "queue lookup failed",
+                    client.get(self.queue_prefix(key), Some(options)),
+                )
+                .await?;
+            let Some(predecessor) = before.kvs().first() else {
+                return self
+                    .confirm_first(key, &contender_key, lease_id, my_revision)
+                    .await;
+            };
+            let predecessor_key = predecessor.key().to_vec();
+            let from = before.header().map_or(0, |h| h.revision()) + 1;
+            if Instant::now() >= deadline {
+                self.leave(owner).await;
+                return Ok(Attempt::Busy { ttl: None });
+            }
+            let mut watch = self
+                .bounded(
+                    Some(key),
+                    "watch failed",
+                    client.watch(
+                        predecessor_key,
+                        Some(WatchOptions::new().with_start_revision(from)),
+                    ),
+                )
+                .await?;
+            let deleted = async {
+                loop {
+                    match watch.message().await {
+                        Ok(Some(resp)) => {
+                            if resp
+                                .events()
+                                .iter()
+                                .any(|e| e.event_type() == EventType::Delete)
+                                || resp.canceled()
+                            {
+                                return;
+                            }
+                        }
+                        // The stream ended or failed: look again (bounded by the loop).
+                        _ => return,
+                    }
+                }
+            };
+            if tokio::time::timeout_at(deadline, deleted).await.is_err() {
+                self.leave(owner).await;
+                return Ok(Attempt::Busy { ttl: None });
+            }
+        }
+    }
+
+    /// First in line: the key must still exist and the lease still be alive.
+    async fn confirm_first(
+        &self,
+        key: &str,
+        contender_key: &str,
+        lease: i64,
+        revision: i64,
+    ) -> Result<Attempt, LockError> {
+        let mut client = self.client.clone();
+        let mine = self
+            .bounded(
+                Some(key),
+                "confirmation failed",
+                client.get(contender_key, None),
+            )
+            .await?;
+        let alive = self
+            .bounded(
+                Some(key),
+                "lease check failed",
+                client.lease_time_to_live(lease, None),
+            )
+            .await?;
+        if mine.kvs().is_empty() || alive.ttl() <= 0 {
+            return Err(LockError::backend(
+                Some(key),
+                "the lease expired while queued",
+                None,
+            ));
+        }
+        Ok(Attempt::Acquired {
+            fence: u64::try_from(revision).ok(),
+        })
+    }
+
+    /// Removes `owner`'s place: deletes its key and revokes its lease.
+    async fn leave(&self, owner: &str) -> bool {
+        let Some(contender) = self.contenders().remove(owner) else {
+            return false;
+        };
+        let mut client = self.client.clone();
+        let _ =
+            tokio::time::timeout(self.timeout, client.delete(contender.key.as_str(), None)).await;
+        let _ = tokio::time::timeout(self.timeout, client.lease_revoke(contender.lease)).await;
+        true
+    }
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        // One attempt: queue and leave at once unless first in line.
+        Box::pin(self.queue(key, owner, lease, Instant::now()))
+    }
+
+    fn acquire_queued<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+        deadline: Instant,
+    ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>> {
+        Some(Box::pin(self.queue(key, owner, lease, deadline)))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        batch: &'a [Renewal],
+    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(batch.len());
+            for item in batch {
+                let Some(contender) = self.contenders().get(&item.owner).cloned() else {
+                    out.push(Some(false));
+                    continue;
+                };
+                let mut client = self.client.clone();
+                let renewed = async {
+                    let (mut keeper, mut stream) = client.lease_keep_alive(contender.lease).await?;
+                    keeper.keep_alive().await?;
+                    let ttl = stream.message().await?.map_or(0, |r| r.ttl());
+                    let exists = client
+                        .get(
+                            contender.key.as_str(),
+                            Some(GetOptions::new().with_count_only()),
+                        )
+                        .await?
+                        .count()
+                        > 0;
+                    Ok::<bool, etcd_client::Error>(ttl > 0 && exists)
+                };
+                out.push(match tokio::time::timeout(self.timeout, renewed).await {
+                    Ok(Ok(alive)) => Some(alive),
+                    _ => None,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(async move {
+            let Some(contender) = self.contenders().get(owner).cloned() else {
+                return Ok(Released::NotOwner);
+            };
+            let mut client = self.client.clone();
+            let deleted = self
+                .bounded(
+                    Some(key),
+                    "release failed",
+                    client.delete(contender.key.as_str(), None),
+                )
+                .await?;
+            self.contenders().remove(owner);
+            let _ = self
+                .bounded(
+                    Some(key),
+                    "lease revoke failed",
+                    client.lease_revoke(contender.lease),
+                )
+                .await;
+            Ok(if deleted.deleted() > 0 {
+                Released::Freed
+            } else {
+                Released::NotOwner
+            })
+        })
+    }
+
+    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let mut client = self.client.clone();
+            // Only the holder (the lowest create revision) is removed; waiters keep their places.
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1);
+            let first = self
+                .bounded(
+                    Some(key),
+                    "force unlock failed",
+                    client.get(self.queue_prefix(key), Some(options)),
+                )
+                .await?;
+            let Some(holder) = first.kvs().first() else {
+                return Ok(false);
+            };
+            let holder_key = holder.key().to_vec();
+            let deleted = self
+                .bounded(
+                    Some(key),
+                    "force unlock failed",
+                    client.delete(holder_key, None),
+                )
+                .await?;
+            Ok(deleted.deleted() > 0)
+        })
+    }
+
+    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let mut client = self.client.clone();
+            let options = GetOptions::new().with_prefix().with_count_only();
+            let found = self
+                .bounded(
+                    Some(key),
+                    "lookup failed",
+                    client.get(self.queue_prefix(key), Some(options)),
+                )
+                .await?;
+            Ok(found.count() > 0)
+        })
+    }
+
+    fn watch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
+        // Waiting happens in etcd's own queue (`acquire_queued`).
+        Box::pin(async { Ok(()) })
+    }
+
+    fn unwatch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn renew_batch_limit(&self) -> usize {
+        64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(ttl_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(ttl_seconds(Duration::from_secs(30)), 30);
+        assert_eq!(ttl_seconds(Duration::MAX), i64::MAX);
+    }
+}
