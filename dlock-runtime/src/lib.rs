@@ -6,6 +6,7 @@
 //! - `redis` (default): the Redis engine (`redis://`).
 //! - `tls`: `rediss://` (TLS through rustls).
 //! - `etcd`: the etcd engine (`etcd://`); its client's build needs `protoc`.
+//! - `zookeeper`: the ZooKeeper engine (`zk://`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
@@ -26,6 +27,6 @@ pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use lock::{LockBuilder, OnLost, current_fence, lock, with_lock};
 pub use runtime::{
-    DEFAULT_LEASE, DEFAULT_NODE_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_LEASE, Runtime,
-    RuntimeBuilder,
+    DEFAULT_LEASE, DEFAULT_NODE_TIMEOUT, DEFAULT_PREFIX, DEFAULT_SESSION_TIMEOUT, DEFAULT_TIMEOUT,
+    MAX_LEASE, Runtime, RuntimeBuilder,
 };

@@ -195,7 +195,8 @@ impl Runtime {
         &self.core.prefix
     }
 
-    /// The engine's name: `"redis"`, `"redis-cluster"`, `"redlock"`, `"etcd"`, `"memory"`.
+    /// The engine's name: `"redis"`, `"redis-cluster"`, `"redlock"`, `"etcd"`, `"zookeeper"`,
+    /// `"memory"`.
     pub fn engine(&self) -> &'static str {
         self.core.engine
     }
@@ -214,7 +215,11 @@ enum Engine {
     RedisCluster(Vec<String>),
     Redlock(Vec<String>),
     Etcd(Vec<String>),
+    ZooKeeper(String),
 }
+
+/// Default ZooKeeper session timeout: the bound after which a dead holder's lock is freed.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default per-node timeout of Redlock calls.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
@@ -228,6 +233,7 @@ pub struct RuntimeBuilder {
     default_wait: Duration,
     timeout: Duration,
     node_timeout: Duration,
+    session_timeout: Duration,
 }
 
 impl Default for RuntimeBuilder {
@@ -239,6 +245,7 @@ impl Default for RuntimeBuilder {
             default_wait: Duration::ZERO,
             timeout: DEFAULT_TIMEOUT,
             node_timeout: DEFAULT_NODE_TIMEOUT,
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
         }
     }
 }
@@ -276,6 +283,21 @@ impl RuntimeBuilder {
         S: Into<String>,
     {
         self.engine = Engine::Etcd(endpoints.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// ZooKeeper (feature `zookeeper`): `.zookeeper("h1:2181,h2:2181/chroot")`. Locks are
+    /// ephemeral sequential nodes under `/dlock/<key>/`; the **session timeout**
+    /// ([`session_timeout`](Self::session_timeout), default 10 s) bounds how long a dead
+    /// holder blocks others, not the lease; `fence()` is the node's creation zxid.
+    pub fn zookeeper(mut self, connect: impl Into<String>) -> Self {
+        self.engine = Engine::ZooKeeper(connect.into());
+        self
+    }
+
+    /// ZooKeeper's session timeout (default 10 s; the server clamps it to its own limits).
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
         self
     }
 
@@ -366,6 +388,7 @@ impl RuntimeBuilder {
                 "wait" => self.default_wait = duration()?,
                 "timeout" => self.timeout = duration()?,
                 "node_timeout" => self.node_timeout = duration()?,
+                "session_timeout" => self.session_timeout = duration()?,
                 _ => engine_params.push(pair),
             }
         }
@@ -429,6 +452,20 @@ impl RuntimeBuilder {
                     _ => Engine::Redis(node_url(scheme, base)),
                 }
             }
+            "zk" | "zookeeper" => {
+                if let Some(unknown) = engine_params.first() {
+                    return Err(LockError::config(format!(
+                        "unknown option `{unknown}` in `{url}`; expected prefix, lease, wait, timeout or session_timeout"
+                    )));
+                }
+                let hosts = base.split('/').next().unwrap_or_default();
+                if hosts.split(',').any(|h| h.trim().is_empty()) {
+                    return Err(LockError::config(format!(
+                        "`{url}`: expected zk://host1:port1,host2:port2[/chroot]"
+                    )));
+                }
+                Engine::ZooKeeper(base.to_owned())
+            }
             "etcd" => {
                 if let Some(unknown) = engine_params.first() {
                     return Err(LockError::config(format!(
@@ -450,7 +487,7 @@ impl RuntimeBuilder {
             }
             other => {
                 return Err(LockError::config(format!(
-                    "unsupported scheme `{other}` in `{url}`; expected one of redis, rediss, redis+cluster, redlock, etcd, memory"
+                    "unsupported scheme `{other}` in `{url}`; expected one of redis, rediss, redis+cluster, redlock, etcd, zk, memory"
                 )));
             }
         };
@@ -538,6 +575,28 @@ impl RuntimeBuilder {
                 )
                 .await?;
                 (Arc::new(backend), "etcd")
+            }
+            #[cfg(feature = "zookeeper")]
+            Engine::ZooKeeper(connect) => {
+                if self.session_timeout.is_zero() {
+                    return Err(LockError::config(
+                        "session_timeout must be greater than zero",
+                    ));
+                }
+                let backend = crate::backend::zookeeper::ZooKeeperBackend::connect(
+                    &connect,
+                    &self.prefix,
+                    self.session_timeout,
+                    self.timeout,
+                )
+                .await?;
+                (Arc::new(backend), "zookeeper")
+            }
+            #[cfg(not(feature = "zookeeper"))]
+            Engine::ZooKeeper(connect) => {
+                return Err(LockError::config(format!(
+                    "zk://{connect} needs the `zookeeper` feature of dlock-runtime"
+                )));
             }
             #[cfg(not(feature = "etcd"))]
             Engine::Etcd(endpoints) => {

@@ -17,6 +17,8 @@ pub(crate) mod memory;
 pub(crate) mod redis;
 #[cfg(feature = "redis")]
 pub(crate) mod redlock;
+#[cfg(feature = "zookeeper")]
+pub(crate) mod zookeeper;
 
 /// A boxed, `Send` future borrowed from the backend: the runtime erases the type once here so
 /// that a `Runtime` can be stored in a global.

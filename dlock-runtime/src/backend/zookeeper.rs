@@ -1,0 +1,432 @@
+//! ZooKeeper (`zk://h1:2181,h2:2181/chroot`): a consensus store (Zab, CP).
+//!
+//! The standard recipe: each contender creates an ephemeral sequential node
+//! `/dlock/<escaped key>/lock-<sequence>` (under container parents, which the server removes
+//! once empty); the holder is the lowest sequence; each waiter watches only its predecessor
+//! (no herd). The node lives as long as the runtime's ZooKeeper session, so the **session
+//! timeout** (runtime option `session_timeout`, default 10 s) is the bound after which a dead
+//! holder's lock is freed, not the per-lock lease: the runtime never counts on more than the
+//! session timeout, whatever the lease. The fencing token is the node's creation zxid
+//! (`czxid`), strictly increasing across holders.
+//!
+//! Renewal checks that the session is connected and the node still exists; a session that
+//! expired (or a node deleted from outside) is a loss. After an expiry the client reconnects
+//! with a new session.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState};
+
+use super::{Attempt, Backend, BoxFuture, Released, Renewal};
+use crate::LockError;
+
+pub(crate) struct ZooKeeperBackend {
+    client: RwLock<Client>,
+    connect: String,
+    root: String,
+    session_timeout: Duration,
+    timeout: Duration,
+    /// Owner token -> its node's full path.
+    contenders: Mutex<HashMap<String, String>>,
+}
+
+fn zk_error(key: Option<&str>, what: &str, err: ZkError) -> LockError {
+    LockError::backend(key, what, Some(Arc::new(err)))
+}
+
+/// A key as one path segment: `%` and `/` escaped, and the names `.` and `..` avoided.
+fn escape(key: &str) -> String {
+    let escaped = key.replace('%', "%25").replace('/', "%2F");
+    match escaped.as_str() {
+        "" | "." | ".." => format!("%{escaped}"),
+        _ => escaped,
+    }
+}
+
+/// The sequence number at the end of a `lock-<sequence>` node name.
+fn sequence(name: &str) -> Option<i64> {
+    name.strip_prefix("lock-")?.parse().ok()
+}
+
+impl ZooKeeperBackend {
+    /// Connects to `connect` (`host:port,host:port[/chroot]`).
+    pub(crate) async fn connect(
+        connect: &str,
+        prefix: &str,
+        session_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let client = Self::new_session(connect, session_timeout, timeout).await?;
+        let root = format!("/{}", escape(prefix.trim_end_matches(':')));
+        Ok(Self {
+            client: RwLock::new(client),
+            connect: connect.to_owned(),
+            root,
+            session_timeout,
+            timeout,
+            contenders: Mutex::default(),
+        })
+    }
+
+    async fn new_session(
+        connect: &str,
+        session_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<Client, LockError> {
+        let connecting = Client::connector()
+            .with_session_timeout(session_timeout)
+            .with_connection_timeout(timeout)
+            .with_fail_eagerly()
+            .connect(connect);
+        match tokio::time::timeout(timeout, connecting).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e @ (ZkError::BadArguments(_) | ZkError::NoHosts))) => Err(LockError::config(
+                format!("bad ZooKeeper connect string `{connect}`: {e}"),
+            )),
+            Ok(Err(e)) => Err(zk_error(
+                None,
+                &format!("cannot connect to ZooKeeper {connect}"),
+                e,
+            )),
+            Err(_) => Err(LockError::backend(
+                None,
+                format!("cannot connect to ZooKeeper {connect} within {timeout:?}"),
+                None,
+            )),
+        }
+    }
+
+    fn client(&self) -> Client {
+        self.client
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn contenders(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        // Map operations cannot be interrupted half-way: a poisoned lock is consistent.
+        self.contenders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// After a session expired, a new session (every ephemeral node of the old one is gone,
+    /// and their holders learn it at their next renewal).
+    async fn recover(&self, err: &ZkError) {
+        if matches!(err, ZkError::SessionExpired | ZkError::ClientClosed)
+            && let Ok(client) =
+                Self::new_session(&self.connect, self.session_timeout, self.timeout).await
+        {
+            *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
+            tracing::warn!("ZooKeeper session expired: reconnected with a new session");
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        key: Option<&str>,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, ZkError>>,
+    ) -> Result<T, LockError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.recover(&e).await;
+                Err(zk_error(key, what, e))
+            }
+            Err(_) => Err(LockError::backend(
+                key,
+                format!("{what}: no reply within {:?}", self.timeout),
+                None,
+            )),
+        }
+    }
+
+    fn parent(&self, key: &str) -> String {
+        format!("{}/{}", self.root, escape(key))
+    }
+
+    /// Queues in `key` until first in line (`Acquired`) or `deadline` (`Busy`, node deleted).
+    async fn queue(&self, key: &str, owner: &str, deadline: Instant) -> Result<Attempt, LockError> {
+        let client = self.client();
+        let parent = self.parent(key);
+        let acls = Acls::anyone_all();
+        let container = CreateMode::Container.with_acls(acls);
+        // Creates the missing container parents; existing ones are fine.
+        self.bounded(
+            Some(key),
+            "queueing failed",
+            client.mkdir(&parent, &container),
+        )
+        .await?;
+        let ephemeral = CreateMode::EphemeralSequential.with_acls(acls);
+        let node_prefix = format!("{parent}/lock-");
+        let created = client.create(&node_prefix, owner.as_bytes(), &ephemeral);
+        let (stat, seq) = match tokio::time::timeout(self.timeout, created).await {
+            Ok(Ok(done)) => done,
+            // The parent container was removed between mkdir and create: try once more.
+            Ok(Err(ZkError::NoNode)) => {
+                self.bounded(
+                    Some(key),
+                    "queueing failed",
+                    client.mkdir(&parent, &container),
+                )
+                .await
+                .ok();
+                self.bounded(
+                    Some(key),
+                    "queueing failed",
+                    client.create(&node_prefix, owner.as_bytes(), &ephemeral),
+                )
+                .await?
+            }
+            Ok(Err(e)) => {
+                self.recover(&e).await;
+                return Err(zk_error(Some(key), "queueing failed", e));
+            }
+            Err(_) => {
+                return Err(LockError::backend(
+                    Some(key),
+                    format!("queueing failed: no reply within {:?}", self.timeout),
+                    None,
+                ));
+            }
+        };
+        let my_seq = seq.into_i64();
+        let my_node = format!("{node_prefix}{seq}");
+        self.contenders().insert(owner.to_owned(), my_node.clone());
+        loop {
+            let children = self
+                .bounded(
+                    Some(key),
+                    "queue lookup failed",
+                    client.list_children(&parent),
+                )
+                .await?;
+            let predecessor = children
+                .iter()
+                .filter_map(|name| sequence(name).map(|s| (s, name)))
+                .filter(|(s, _)| *s < my_seq)
+                .max_by_key(|(s, _)| *s)
+                .map(|(_, name)| format!("{parent}/{name}"));
+            let Some(predecessor) = predecessor else {
+                if !children.iter().any(|c| my_node.ends_with(c.as_str())) {
+                    return Err(LockError::backend(
+                        Some(key),
+                        "the queue node vanished (session expired?)",
+                        None,
+                    ));
+                }
+                return Ok(Attempt::Acquired {
+                    fence: u64::try_from(stat.czxid).ok(),
+                });
+            };
+            if Instant::now() >= deadline {
+                self.leave(owner).await;
+                return Ok(Attempt::Busy { ttl: None });
+            }
+            let (exists, watcher) = self
+                .bounded(
+                    Some(key),
+                    "watch failed",
+                    client.check_and_watch_stat(&predecessor),
+                )
+                .await?;
+            if exists.is_none() {
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, watcher.changed())
+                .await
+                .is_err()
+            {
+                self.leave(owner).await;
+                return Ok(Attempt::Busy { ttl: None });
+            }
+        }
+    }
+
+    /// Deletes `owner`'s node, if any.
+    async fn leave(&self, owner: &str) -> bool {
+        let Some(node) = self.contenders().remove(owner) else {
+            return false;
+        };
+        let client = self.client();
+        matches!(
+            tokio::time::timeout(self.timeout, client.delete(&node, None)).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
+impl Backend for ZooKeeperBackend {
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        _lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(self.queue(key, owner, Instant::now()))
+    }
+
+    fn acquire_queued<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        _lease: Duration,
+        deadline: Instant,
+    ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>> {
+        Some(Box::pin(self.queue(key, owner, deadline)))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        batch: &'a [Renewal],
+    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
+        Box::pin(async move {
+            let client = self.client();
+            let state = client.state();
+            let mut out = Vec::with_capacity(batch.len());
+            for item in batch {
+                let Some(node) = self.contenders().get(&item.owner).cloned() else {
+                    out.push(Some(false));
+                    continue;
+                };
+                out.push(match state {
+                    SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                        Some(false)
+                    }
+                    SessionState::Disconnected => None,
+                    _ => match tokio::time::timeout(self.timeout, client.check_stat(&node)).await {
+                        Ok(Ok(Some(_))) => Some(true),
+                        Ok(Ok(None)) => Some(false),
+                        Ok(Err(e)) => {
+                            self.recover(&e).await;
+                            matches!(e, ZkError::SessionExpired).then_some(false)
+                        }
+                        Err(_) => None,
+                    },
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(async move {
+            let Some(node) = self.contenders().get(owner).cloned() else {
+                return Ok(Released::NotOwner);
+            };
+            let client = self.client();
+            let deleted = tokio::time::timeout(self.timeout, client.delete(&node, None)).await;
+            match deleted {
+                Ok(Ok(())) => {
+                    self.contenders().remove(owner);
+                    Ok(Released::Freed)
+                }
+                Ok(Err(ZkError::NoNode)) => {
+                    self.contenders().remove(owner);
+                    Ok(Released::NotOwner)
+                }
+                Ok(Err(e)) => {
+                    self.recover(&e).await;
+                    Err(zk_error(Some(key), "release failed", e))
+                }
+                Err(_) => Err(LockError::backend(
+                    Some(key),
+                    format!("release failed: no reply within {:?}", self.timeout),
+                    None,
+                )),
+            }
+        })
+    }
+
+    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let client = self.client();
+            let parent = self.parent(key);
+            let children =
+                match tokio::time::timeout(self.timeout, client.list_children(&parent)).await {
+                    Ok(Ok(children)) => children,
+                    Ok(Err(ZkError::NoNode)) => return Ok(false),
+                    Ok(Err(e)) => return Err(zk_error(Some(key), "force unlock failed", e)),
+                    Err(_) => {
+                        return Err(LockError::backend(
+                            Some(key),
+                            "force unlock timed out",
+                            None,
+                        ));
+                    }
+                };
+            let Some(first) = children
+                .iter()
+                .filter_map(|n| sequence(n).map(|s| (s, n)))
+                .min()
+            else {
+                return Ok(false);
+            };
+            let node = format!("{parent}/{}", first.1);
+            Ok(self
+                .bounded(Some(key), "force unlock failed", client.delete(&node, None))
+                .await
+                .is_ok())
+        })
+    }
+
+    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let client = self.client();
+            match tokio::time::timeout(self.timeout, client.list_children(&self.parent(key))).await
+            {
+                Ok(Ok(children)) => Ok(children.iter().any(|c| sequence(c).is_some())),
+                Ok(Err(ZkError::NoNode)) => Ok(false),
+                Ok(Err(e)) => Err(zk_error(Some(key), "lookup failed", e)),
+                Err(_) => Err(LockError::backend(Some(key), "lookup timed out", None)),
+            }
+        })
+    }
+
+    fn watch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
+        // Waiting happens in ZooKeeper's own queue (`acquire_queued`).
+        Box::pin(async { Ok(()) })
+    }
+
+    fn unwatch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn clock_drift(&self, lease: Duration) -> Duration {
+        // The session timeout bounds the hold, whatever the lease.
+        lease.saturating_sub(self.session_timeout)
+    }
+
+    fn renew_batch_limit(&self) -> usize {
+        64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_become_one_path_segment() {
+        assert_eq!(escape("stock:42"), "stock:42");
+        assert_eq!(escape("a/b"), "a%2Fb");
+        assert_eq!(escape("100%"), "100%25");
+        assert_eq!(escape(".."), "%..");
+        assert_eq!(escape("ключ {x}"), "ключ {x}");
+    }
+
+    #[test]
+    fn sequences_parse_from_node_names() {
+        assert_eq!(sequence("lock-0000000042"), Some(42));
+        assert_eq!(sequence("other"), None);
+    }
+}
