@@ -13,8 +13,10 @@
 //! - after it is first in line, it checks that its key still exists and its lease is still
 //!   alive before reporting the lock acquired (etcd 3.4 was seen granting a queued waiter whose
 //!   lease had expired);
-//! - release deletes the key and revokes the lease; a deadline or a cancellation does the same
-//!   (the runtime's compensating release).
+//! - release revokes the lease, which deletes the key atomically; a deadline or a cancellation
+//!   does the same (the runtime's compensating release);
+//! - an uncontended acquisition is three calls (lease grant, put, predecessor lookup): the lease
+//!   keep-alive and the confirmation reads start only when the contender has to wait.
 //!
 //! Renewal is one keep-alive per lease plus a check that the key still exists: a lease revoked
 //! or expired, or a key deleted from outside, is a loss.
@@ -185,8 +187,8 @@ impl EtcdBackend {
             },
         );
         let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1));
-        let keeper = self.keep_alive_while_queued(lease_id, ttl);
-        let _stop_keeper = AbortOnDrop(keeper);
+        // Started when the contender first has to wait (an uncontended acquire needs none).
+        let mut keeper: Option<AbortOnDrop> = None;
 
         let put = self
             .bounded(
@@ -215,6 +217,13 @@ impl EtcdBackend {
                 )
                 .await?;
             let Some(predecessor) = before.kvs().first() else {
+                if keeper.is_none() {
+                    // First in line at once: the lease was just granted and the key just
+                    // written, nothing to confirm.
+                    return Ok(Attempt::Acquired {
+                        fence: u64::try_from(my_revision).ok(),
+                    });
+                }
                 return self
                     .confirm_first(key, &contender_key, lease_id, my_revision)
                     .await;
@@ -224,6 +233,9 @@ impl EtcdBackend {
             if Instant::now() >= deadline {
                 self.leave(owner).await;
                 return Ok(Attempt::Busy { ttl: None });
+            }
+            if keeper.is_none() {
+                keeper = Some(AbortOnDrop(self.keep_alive_while_queued(lease_id, ttl)));
             }
             let mut watch = self
                 .bounded(
@@ -301,8 +313,7 @@ impl EtcdBackend {
             return false;
         };
         let mut client = self.client.clone();
-        let _ =
-            tokio::time::timeout(self.timeout, client.delete(contender.key.as_str(), None)).await;
+        // Revoking the lease deletes the key with it.
         let _ = tokio::time::timeout(self.timeout, client.lease_revoke(contender.lease)).await;
         true
     }
@@ -382,27 +393,27 @@ impl Backend for EtcdBackend {
             let Some(contender) = self.contenders().get(owner).cloned() else {
                 return Ok(Released::NotOwner);
             };
+            // Revoking the lease deletes its key atomically (one Raft write).
             let mut client = self.client.clone();
-            let deleted = self
-                .bounded(
+            match tokio::time::timeout(self.timeout, client.lease_revoke(contender.lease)).await {
+                Ok(Ok(_)) => {
+                    self.contenders().remove(owner);
+                    Ok(Released::Freed)
+                }
+                // The lease is gone already (expired or revoked from outside): not ours.
+                Ok(Err(etcd_client::Error::GRpcStatus(status)))
+                    if status.message().contains("lease not found") =>
+                {
+                    self.contenders().remove(owner);
+                    Ok(Released::NotOwner)
+                }
+                Ok(Err(e)) => Err(etcd_error(Some(key), "release failed", e)),
+                Err(_) => Err(LockError::backend(
                     Some(key),
-                    "release failed",
-                    client.delete(contender.key.as_str(), None),
-                )
-                .await?;
-            self.contenders().remove(owner);
-            let _ = self
-                .bounded(
-                    Some(key),
-                    "lease revoke failed",
-                    client.lease_revoke(contender.lease),
-                )
-                .await;
-            Ok(if deleted.deleted() > 0 {
-                Released::Freed
-            } else {
-                Released::NotOwner
-            })
+                    format!("release failed: no reply within {:?}", self.timeout),
+                    None,
+                )),
+            }
         })
     }
 

@@ -155,27 +155,20 @@ impl ZooKeeperBackend {
         let parent = self.parent(key);
         let acls = Acls::anyone_all();
         let container = CreateMode::Container.with_acls(acls);
-        // Creates the missing container parents; existing ones are fine.
-        self.bounded(
-            Some(key),
-            "queueing failed",
-            client.mkdir(&parent, &container),
-        )
-        .await?;
         let ephemeral = CreateMode::EphemeralSequential.with_acls(acls);
         let node_prefix = format!("{parent}/lock-");
         let created = client.create(&node_prefix, owner.as_bytes(), &ephemeral);
         let (stat, seq) = match tokio::time::timeout(self.timeout, created).await {
             Ok(Ok(done)) => done,
-            // The parent container was removed between mkdir and create: try once more.
+            // No parent yet (first use, or the server removed the empty container): create
+            // the container parents, then the node. The common case is one call.
             Ok(Err(ZkError::NoNode)) => {
                 self.bounded(
                     Some(key),
                     "queueing failed",
                     client.mkdir(&parent, &container),
                 )
-                .await
-                .ok();
+                .await?;
                 self.bounded(
                     Some(key),
                     "queueing failed",

@@ -477,6 +477,192 @@ fn macro_cost(url: &str, rounds: usize, per_round: u64) -> Result<(f64, f64, f64
     })
 }
 
+/// etcd and ZooKeeper rows: each engine's sequential acquire + release and hot-key handoff,
+/// against the engine's own round trips measured in the same run.
+#[cfg(feature = "cp-engines")]
+mod cp {
+    use super::*;
+
+    /// A child process killed (and its directory removed) on drop.
+    struct Proc(Child, std::path::PathBuf);
+
+    impl Drop for Proc {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+
+    fn free_port() -> Result<u16, BoxError> {
+        Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    }
+
+    fn temp_dir(name: &str) -> Result<std::path::PathBuf, BoxError> {
+        let dir = std::env::temp_dir().join(format!("dlock-bench-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+
+    async fn wait_for_port(port: u16) -> Result<(), BoxError> {
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            if started.elapsed() > Duration::from_secs(30) {
+                return Err(format!("nothing listens on {port} after 30 s").into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    async fn start_etcd() -> Result<(Proc, String), BoxError> {
+        let (client, peer) = (free_port()?, free_port()?);
+        let dir = temp_dir("etcd")?;
+        let child = Command::new(std::env::var("DLOCK_ETCD").unwrap_or_else(|_| "etcd".into()))
+            .args(["--name", "n0", "--data-dir"])
+            .arg(dir.join("data"))
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+            ))
+            .arg(format!("--initial-cluster=n0=http://127.0.0.1:{peer}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start etcd ({e}); apt-get install -y etcd-server"))?;
+        let proc = Proc(child, dir);
+        wait_for_port(client).await?;
+        Ok((proc, format!("http://127.0.0.1:{client}")))
+    }
+
+    async fn start_zookeeper() -> Result<(Proc, String), BoxError> {
+        let port = free_port()?;
+        let dir = temp_dir("zk")?;
+        std::fs::write(
+            dir.join("zoo.cfg"),
+            format!(
+                "tickTime=200\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\nmaxSessionTimeout=60000\nforceSync=no\n",
+                dir.join("data").display()
+            ),
+        )?;
+        let classpath = std::env::var("DLOCK_ZOOKEEPER_CLASSPATH").unwrap_or_else(|_| {
+            "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar".into()
+        });
+        let child = Command::new("java")
+            .args(["-XX:+UseSerialGC", "-cp", &classpath])
+            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(dir.join("zoo.cfg"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start ZooKeeper ({e}); apt-get install -y zookeeper"))?;
+        let proc = Proc(child, dir);
+        wait_for_port(port).await?;
+        // The port opens before requests are served: wait for a real session.
+        let started = Instant::now();
+        let connect = format!("127.0.0.1:{port}");
+        while zookeeper_client::Client::connect(&connect).await.is_err() {
+            if started.elapsed() > Duration::from_secs(30) {
+                return Err("ZooKeeper did not serve within 30 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok((proc, connect))
+    }
+
+    pub(super) async fn rows(redis_url: &str, scale: usize) -> Result<Vec<Row>, BoxError> {
+        let mut rows = Vec::new();
+        let n = 200 * scale;
+
+        let (_etcd, endpoint) = start_etcd().await?;
+        let etcd_rt = Runtime::builder().etcd([endpoint.as_str()]).build().await?;
+        let mut raw = etcd_client::Client::connect([endpoint.as_str()], None).await?;
+        lock_pairs_sequential(&etcd_rt, 50).await?;
+        let (mut base, mut ours) = (Vec::new(), Vec::new());
+        for _ in 0..n / 50 {
+            for _ in 0..50 {
+                let t = Instant::now();
+                raw.put("bench-raw", "x", None).await?;
+                raw.delete("bench-raw", None).await?;
+                base.push(t.elapsed());
+            }
+            ours.extend(lock_pairs_sequential(&etcd_rt, 50).await?);
+        }
+        base.sort();
+        ours.sort();
+        let (b50, o50) = (percentile(&base, 0.5), percentile(&ours, 0.5));
+        rows.push(row(
+            "etcd: sequential acquire+release, p50",
+            us(o50),
+            format!("{} (raw put + delete)", us(b50)),
+            format!("{:.2}x", o50.as_secs_f64() / b50.as_secs_f64()),
+            "",
+        ));
+        let hot = hot_key(etcd_rt, redis_url, 16, 100 * scale as u64).await?;
+        let h50 = percentile(&hot.handoff, 0.5);
+        rows.push(row(
+            "etcd: hot key handoff, p50 (16 tasks)",
+            us(h50),
+            format!("{} (raw put + delete)", us(b50)),
+            format!(
+                "{:.2}x{}",
+                h50.as_secs_f64() / b50.as_secs_f64(),
+                if hot.exact { "" } else { "; COUNTER WRONG" }
+            ),
+            "",
+        ));
+
+        let (_zk, connect) = start_zookeeper().await?;
+        let zk_rt = Runtime::builder()
+            .zookeeper(connect.as_str())
+            .build()
+            .await?;
+        let raw = zookeeper_client::Client::connect(&connect).await?;
+        let persistent = zookeeper_client::CreateMode::Persistent
+            .with_acls(zookeeper_client::Acls::anyone_all());
+        lock_pairs_sequential(&zk_rt, 50).await?;
+        let (mut base, mut ours) = (Vec::new(), Vec::new());
+        for _ in 0..n / 50 {
+            for _ in 0..50 {
+                let t = Instant::now();
+                raw.create("/bench-raw", b"x", &persistent).await?;
+                raw.delete("/bench-raw", None).await?;
+                base.push(t.elapsed());
+            }
+            ours.extend(lock_pairs_sequential(&zk_rt, 50).await?);
+        }
+        base.sort();
+        ours.sort();
+        let (b50, o50) = (percentile(&base, 0.5), percentile(&ours, 0.5));
+        rows.push(row(
+            "ZooKeeper: sequential acquire+release, p50",
+            us(o50),
+            format!("{} (raw create + delete)", us(b50)),
+            format!("{:.2}x", o50.as_secs_f64() / b50.as_secs_f64()),
+            "",
+        ));
+        let hot = hot_key(zk_rt, redis_url, 16, 100 * scale as u64).await?;
+        let h50 = percentile(&hot.handoff, 0.5);
+        rows.push(row(
+            "ZooKeeper: hot key handoff, p50 (16 tasks)",
+            us(h50),
+            format!("{} (raw create + delete)", us(b50)),
+            format!(
+                "{:.2}x{}",
+                h50.as_secs_f64() / b50.as_secs_f64(),
+                if hot.exact { "" } else { "; COUNTER WRONG" }
+            ),
+            "",
+        ));
+        Ok(rows)
+    }
+}
+
 /// A three-master Redis Cluster (no replicas) of our own.
 async fn start_cluster() -> Result<Vec<Server>, BoxError> {
     let mut nodes = Vec::new();
@@ -788,6 +974,12 @@ async fn main() -> Result<(), BoxError> {
 
     if want("multi") {
         rows.extend(multi_node(&url, &rt, scale).await?);
+    }
+    if want("cp") {
+        #[cfg(feature = "cp-engines")]
+        rows.extend(cp::rows(&url, scale).await?);
+        #[cfg(not(feature = "cp-engines"))]
+        eprintln!("etcd and ZooKeeper rows: run with --features cp-engines");
     }
 
     println!("| measure | dlock | baseline (same run) | ratio | target |");
