@@ -210,9 +210,10 @@ impl LockGuard {
         let result = core.backend.release(&held.key, &held.owner).await;
         finish.armed = result.is_err();
         drop(finish);
-        if held.lost.is_lost() && result.is_ok() {
-            // Released what was left (e.g. a minority of Redlock nodes), but the lease had been
-            // lost while held: the caller must know its critical section was not protected.
+        if held.lost.is_lost() {
+            // The lease had been lost while held (whatever the release found: what was left of
+            // it, nothing, or an engine that expired the session): the caller must know its
+            // critical section was not protected.
             core.hub.wake(&held.key);
             return Err(LockError::Lost {
                 key: held.key.clone(),

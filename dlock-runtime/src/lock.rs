@@ -271,9 +271,22 @@ async fn acquire_fresh(
     };
 
     // Engines with their own FIFO queue wait there (no local queue, no polling).
-    let queued = match core.backend.acquire_queued(&key, &owner, lease, deadline) {
-        Some(request) => Some(compensated(core, &key, &owner, request).await?),
-        None => None,
+    let mut owner = owner;
+    let queued = loop {
+        let Some(request) = core.backend.acquire_queued(&key, &owner, lease, deadline) else {
+            break None;
+        };
+        match compensated(core, &key, &owner, request).await {
+            Ok(answer) => break Some(answer),
+            // A transient engine error (a new session, a failover) while the wait budget
+            // lasts: queue again with a fresh owner token.
+            Err(err) if err.is_backend() && Instant::now() + ERROR_RETRY < deadline => {
+                tracing::debug!(key = %key, error = %err, "queueing failed; retrying within the wait");
+                owner = new_owner();
+                tokio::time::sleep(ERROR_RETRY).await;
+            }
+            Err(err) => return Err(err),
+        }
     };
     if let Some(answer) = queued {
         return match answer {

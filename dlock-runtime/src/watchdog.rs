@@ -107,6 +107,11 @@ struct Entry {
 }
 
 impl Entry {
+    /// The part of the lease counted on (renewals come every third of it).
+    fn effective(&self) -> Duration {
+        self.lease.saturating_sub(self.drift)
+    }
+
     /// When the scheduler must look at this entry next.
     fn next_look(&self) -> Instant {
         if self.renew && !self.in_flight {
@@ -169,7 +174,7 @@ impl Watchdog {
             lease,
             drift,
             renew,
-            due: sent_at + lease / 3,
+            due: sent_at + lease.saturating_sub(drift) / 3,
             valid_until,
             in_flight: false,
             lost: lost.clone(),
@@ -220,7 +225,7 @@ impl Watchdog {
                 e.lost.fire();
                 return false;
             }
-            if e.renew && !e.in_flight && e.due <= now + coalesce_window(e.lease) {
+            if e.renew && !e.in_flight && e.due <= now + coalesce_window(e.effective()) {
                 e.in_flight = true;
                 batch.push((
                     id,
@@ -261,8 +266,8 @@ impl Watchdog {
             entry.in_flight = false;
             match outcome.as_ref().map(|r| r.get(i).copied().flatten()) {
                 Ok(Some(true)) => {
-                    entry.valid_until = sent_at + entry.lease.saturating_sub(entry.drift);
-                    entry.due = sent_at + entry.lease / 3;
+                    entry.valid_until = sent_at + entry.effective();
+                    entry.due = sent_at + entry.effective() / 3;
                     entry.lost.set_valid_until(entry.valid_until);
                 }
                 Ok(Some(false)) => {
@@ -272,7 +277,7 @@ impl Watchdog {
                 }
                 // Not determined (engine error, or too few nodes answered): retry; the local
                 // clock declares the loss if no renewal is confirmed before the validity ends.
-                Ok(None) | Err(_) => entry.due = now + retry_delay(entry.lease),
+                Ok(None) | Err(_) => entry.due = now + retry_delay(entry.effective()),
             }
         }
         drop(state);

@@ -37,18 +37,39 @@ fn zk_error(key: Option<&str>, what: &str, err: ZkError) -> LockError {
     LockError::backend(key, what, Some(Arc::new(err)))
 }
 
-/// A key as one path segment: `%` and `/` escaped, and the names `.` and `..` avoided.
+/// A key as one path segment: `%`, `/`, and every character ZooKeeper rejects in a path
+/// (controls, U+007F-U+009F, U+E000-U+F8FF, U+FFF0-U+FFFF, and everything outside the Basic
+/// Multilingual Plane, which Java sees as surrogates) percent-encoded as UTF-8; the names `.`
+/// and `..` avoided.
 fn escape(key: &str) -> String {
-    let escaped = key.replace('%', "%25").replace('/', "%2F");
-    match escaped.as_str() {
-        "" | "." | ".." => format!("%{escaped}"),
-        _ => escaped,
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        let code = u32::from(c);
+        let rejected = c == '%'
+            || c == '/'
+            || code < 0x20
+            || (0x7f..=0x9f).contains(&code)
+            || (0xe000..=0xf8ff).contains(&code)
+            || (0xfff0..=0xffff).contains(&code)
+            || code > 0xffff;
+        if rejected {
+            let mut buf = [0u8; 4];
+            for byte in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{byte:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    match out.as_str() {
+        "" | "." | ".." => format!("%{out}"),
+        _ => out,
     }
 }
 
-/// The sequence number at the end of a `lock-<sequence>` node name.
+/// The sequence number at the end of a `lock-<owner>-<sequence>` node name.
 fn sequence(name: &str) -> Option<i64> {
-    name.strip_prefix("lock-")?.parse().ok()
+    name.strip_prefix("lock-")?.rsplit('-').next()?.parse().ok()
 }
 
 impl ZooKeeperBackend {
@@ -83,9 +104,9 @@ impl ZooKeeperBackend {
             .connect(connect);
         match tokio::time::timeout(timeout, connecting).await {
             Ok(Ok(client)) => Ok(client),
-            Ok(Err(e @ (ZkError::BadArguments(_) | ZkError::NoHosts))) => Err(LockError::config(
-                format!("bad ZooKeeper connect string `{connect}`: {e}"),
-            )),
+            Ok(Err(e @ ZkError::BadArguments(_))) => Err(LockError::config(format!(
+                "bad ZooKeeper connect string `{connect}`: {e}"
+            ))),
             Ok(Err(e)) => Err(zk_error(
                 None,
                 &format!("cannot connect to ZooKeeper {connect}"),
@@ -156,7 +177,9 @@ impl ZooKeeperBackend {
         let acls = Acls::anyone_all();
         let container = CreateMode::Container.with_acls(acls);
         let ephemeral = CreateMode::EphemeralSequential.with_acls(acls);
-        let node_prefix = format!("{parent}/lock-");
+        // The owner token in the name: a release that lost track of the node (the create was
+        // in flight when the acquire was cancelled) still finds it (Curator's "protected" mode).
+        let node_prefix = format!("{parent}/lock-{owner}-");
         let created = client.create(&node_prefix, owner.as_bytes(), &ephemeral);
         let (stat, seq) = match tokio::time::timeout(self.timeout, created).await {
             Ok(Ok(done)) => done,
@@ -281,6 +304,10 @@ impl Backend for ZooKeeperBackend {
         Box::pin(async move {
             let client = self.client();
             let state = client.state();
+            if matches!(state, SessionState::Expired | SessionState::Closed) {
+                // Every node of that session is gone: open a new session for what comes next.
+                self.recover(&ZkError::SessionExpired).await;
+            }
             let mut out = Vec::with_capacity(batch.len());
             for item in batch {
                 let Some(node) = self.contenders().get(&item.owner).cloned() else {
@@ -313,18 +340,45 @@ impl Backend for ZooKeeperBackend {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
-            let Some(node) = self.contenders().get(owner).cloned() else {
-                return Ok(Released::NotOwner);
-            };
             let client = self.client();
+            let Some(node) = self.contenders().get(owner).cloned() else {
+                // No record: a create may have landed after its acquire was cancelled. Its name
+                // carries the owner token.
+                let parent = self.parent(key);
+                let Ok(Ok(children)) =
+                    tokio::time::timeout(self.timeout, client.list_children(&parent)).await
+                else {
+                    return Ok(Released::NotOwner);
+                };
+                let marker = format!("lock-{owner}-");
+                let mut freed = false;
+                for name in children.iter().filter(|n| n.starts_with(&marker)) {
+                    let node = format!("{parent}/{name}");
+                    freed |= matches!(
+                        tokio::time::timeout(self.timeout, client.delete(&node, None)).await,
+                        Ok(Ok(()))
+                    );
+                }
+                return Ok(if freed {
+                    Released::Freed
+                } else {
+                    Released::NotOwner
+                });
+            };
             let deleted = tokio::time::timeout(self.timeout, client.delete(&node, None)).await;
             match deleted {
                 Ok(Ok(())) => {
                     self.contenders().remove(owner);
                     Ok(Released::Freed)
                 }
+                // Gone already, or its session expired (ephemeral nodes go with it).
                 Ok(Err(ZkError::NoNode)) => {
                     self.contenders().remove(owner);
+                    Ok(Released::NotOwner)
+                }
+                Ok(Err(e @ (ZkError::SessionExpired | ZkError::ClientClosed))) => {
+                    self.contenders().remove(owner);
+                    self.recover(&e).await;
                     Ok(Released::NotOwner)
                 }
                 Ok(Err(e)) => {
@@ -411,6 +465,8 @@ mod tests {
     #[test]
     fn keys_become_one_path_segment() {
         assert_eq!(escape("stock:42"), "stock:42");
+        assert_eq!(escape("🔒 lock"), "%F0%9F%94%92 lock");
+        assert_eq!(escape("tab\there"), "tab%09here");
         assert_eq!(escape("a/b"), "a%2Fb");
         assert_eq!(escape("100%"), "100%25");
         assert_eq!(escape(".."), "%..");
@@ -420,6 +476,10 @@ mod tests {
     #[test]
     fn sequences_parse_from_node_names() {
         assert_eq!(sequence("lock-0000000042"), Some(42));
+        assert_eq!(
+            sequence("lock-0123456789abcdef0123456789abcdef-0000000042"),
+            Some(42)
+        );
         assert_eq!(sequence("other"), None);
     }
 }

@@ -1,0 +1,1062 @@
+//! The ZooKeeper backend end to end, on a real standalone server per test (tickTime 200 ms, so
+//! session timeouts from 400 ms to 60 s are granted): mutual exclusion across tasks, runtimes
+//! and OS processes, FIFO hand-off in the queue of ephemeral sequential nodes, wait timeouts
+//! that leave no waiter node behind, release on every exit path (cancelled waiters leave the
+//! queue), a killed or stopped holder freed after about its session timeout, czxid fences,
+//! `lost()` when the node is deleted from outside or the session expires, renewal, keys that
+//! need escaping, and bad connect strings.
+//!
+//! The queue is inspected with the server's `dump` four-letter word (ephemeral nodes per
+//! session) rather than a raw client: `/dlock/<escaped key>/lock-<sequence>`.
+//!
+//! Timing bounds are generous: the box has two cores shared by the JVM, the tests and the
+//! holder processes.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dlock_runtime::{LockError, current_fence, with_lock};
+use dlock_tests::zookeeper::ZooKeeperServer;
+use dlock_tests::{HolderProcess, RedisServer, Runtime, assert_between, eventually};
+
+/// Bound on anything that should happen "at once" (a hand-off, a background release).
+const PROMPTLY: Duration = Duration::from_millis(1500);
+
+/// A runtime on `zk` with the given session timeout (everything else default).
+async fn zk_runtime(zk: &ZooKeeperServer, session_timeout: Duration) -> Runtime {
+    Runtime::builder()
+        .zookeeper(zk.connect_string())
+        .session_timeout(session_timeout)
+        .build()
+        .await
+        .expect("build a zookeeper runtime")
+}
+
+/// A runtime with the default 10 s session timeout.
+async fn runtime(zk: &ZooKeeperServer) -> Runtime {
+    zk_runtime(zk, Duration::from_secs(10)).await
+}
+
+/// The key as one path segment, as the backend escapes it (`%`, `/`, the characters ZooKeeper
+/// rejects, and `.`/`..`).
+fn escape(key: &str) -> String {
+    let mut out = String::new();
+    for c in key.chars() {
+        let code = u32::from(c);
+        let rejected = c == '%'
+            || c == '/'
+            || code < 0x20
+            || (0x7f..=0x9f).contains(&code)
+            || (0xe000..=0xf8ff).contains(&code)
+            || (0xfff0..=0xffff).contains(&code)
+            || code > 0xffff;
+        if rejected {
+            let mut buf = [0u8; 4];
+            for byte in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{byte:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    match out.as_str() {
+        "" | "." | ".." => format!("%{out}"),
+        _ => out,
+    }
+}
+
+/// Every ephemeral node the server knows, from `dump` (paths, in dump order).
+fn ephemeral_nodes(zk: &ZooKeeperServer) -> Vec<String> {
+    let dump = zk.four_letter("dump").expect("zookeeper dump");
+    let section = dump
+        .split("ephemeral nodes dump:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("unexpected dump reply: {dump}"));
+    let section = section
+        .split("Connections dump:")
+        .next()
+        .unwrap_or_default();
+    section
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with('/'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The queue of `key` (its `lock-<owner>-<sequence>` nodes), lowest sequence first.
+fn queue_of(zk: &ZooKeeperServer, key: &str) -> Vec<String> {
+    let parent = format!("/dlock/{}/", escape(key));
+    let mut nodes: Vec<String> = ephemeral_nodes(zk)
+        .into_iter()
+        .filter(|n| n.starts_with(&parent))
+        .collect();
+    nodes.sort_by_key(|n| {
+        n.rsplit('-')
+            .next()
+            .and_then(|seq| seq.parse::<u64>().ok())
+            .unwrap_or(u64::MAX)
+    });
+    nodes
+}
+
+/// Waits until the queue of `key` has `len` nodes; returns it.
+async fn queue_len(zk: &ZooKeeperServer, key: &str, len: usize, within: Duration) -> Vec<String> {
+    let start = Instant::now();
+    loop {
+        let queue = queue_of(zk, key);
+        if queue.len() == len {
+            return queue;
+        }
+        assert!(
+            start.elapsed() < within,
+            "queue of {key:?} has {} nodes, not {len}, after {within:?}: {queue:?}",
+            queue.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Asserts that `other` cannot take `key` right now (one attempt: `Timeout`).
+async fn assert_busy(other: &Runtime, key: &str, when: &str) {
+    let err = other
+        .lock(key)
+        .acquire()
+        .await
+        .map(|_guard| ())
+        .expect_err(&format!("{when}: {key:?} must be busy"));
+    assert!(err.is_timeout(), "{when}: expected Timeout, got {err:?}");
+}
+
+/// Acquires `key` on `rt` waiting up to `within`; returns how long it took.
+async fn acquire_within(rt: &Runtime, key: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    let guard = rt
+        .lock(key)
+        .wait(within)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("acquire {key:?} within {within:?}: {e:?}"));
+    let took = start.elapsed();
+    guard.release().await.expect("release");
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_across_tasks_on_two_runtimes() {
+    let zk = ZooKeeperServer::start();
+    let runtimes = [runtime(&zk).await, runtime(&zk).await];
+    let key = "zk:exclusion:tasks";
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let (tasks, rounds) = (24u64, 5u64);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let rt = runtimes[(t % 2) as usize].clone();
+            let (counter, inside, overlaps) = (counter.clone(), inside.clone(), overlaps.clone());
+            tokio::spawn(async move {
+                for _ in 0..rounds {
+                    let guard = rt
+                        .lock(key)
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await
+                        .expect("acquire under contention");
+                    if inside.swap(true, Ordering::SeqCst) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let seen = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    inside.store(false, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.expect("task");
+    }
+    println!(
+        "{} acquisitions by {tasks} tasks on 2 runtimes in {:?}",
+        tasks * rounds,
+        start.elapsed()
+    );
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert_eq!(counter.load(Ordering::SeqCst), tasks * rounds);
+    assert!(queue_of(&zk, key).is_empty(), "{:?}", queue_of(&zk, key));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_across_three_processes_exact_counter() {
+    let zk = ZooKeeperServer::start();
+    let store = RedisServer::start();
+    let (url, store_url) = (zk.url(), store.url());
+    let counter = "zk:processes:counter";
+    let iterations = 20u64;
+    let start = Instant::now();
+    let mut holders: Vec<HolderProcess> = (0..3)
+        .map(|_| {
+            HolderProcess::spawn(
+                env!("CARGO_BIN_EXE_dlock-holder"),
+                &[
+                    "--url",
+                    &url,
+                    "--counter-url",
+                    &store_url,
+                    "--key",
+                    "zk:exclusion:processes",
+                    "--mode",
+                    "counter",
+                    "--iterations",
+                    &iterations.to_string(),
+                    "--counter",
+                    counter,
+                ],
+            )
+        })
+        .collect();
+    for holder in &mut holders {
+        assert_eq!(
+            holder.next_line(Duration::from_secs(60)).await,
+            format!("done {iterations}")
+        );
+        assert!(holder.wait(Duration::from_secs(10)).await.success());
+    }
+    println!(
+        "3 processes x {iterations} increments in {:?}",
+        start.elapsed()
+    );
+    let total: Option<u64> = store.query(redis::cmd("GET").arg(counter)).await;
+    assert_eq!(total, Some(3 * iterations), "lost increments: no exclusion");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_acquire_in_arrival_order() {
+    let zk = ZooKeeperServer::start();
+    let holder_rt = runtime(&zk).await;
+    let key = "zk:fifo";
+    let holder = holder_rt.lock(key).acquire().await.expect("holder");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..3usize {
+        let rt = runtime(&zk).await;
+        let order = order.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = rt
+                .lock(key)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .expect("waiter acquires");
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await.expect("waiter release");
+        }));
+        // Arrival: the waiter's node is in the queue before the next one starts.
+        queue_len(&zk, key, i + 2, Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    holder.release().await.expect("holder release");
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("waiters finish")
+            .expect("waiter task");
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2], "FIFO order");
+    assert!(queue_of(&zk, key).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_timeout_returns_timeout_and_leaves_no_waiter_node() {
+    let zk = ZooKeeperServer::start();
+    let (rt1, rt2) = (runtime(&zk).await, runtime(&zk).await);
+    let key = "zk:wait-timeout";
+    let holder = rt1.lock(key).acquire().await.expect("holder");
+    let holder_node = queue_len(&zk, key, 1, PROMPTLY).await;
+    let start = Instant::now();
+    let err = rt2
+        .lock(key)
+        .wait(Duration::from_millis(500))
+        .acquire()
+        .await
+        .map(|_guard| ())
+        .expect_err("busy key");
+    let took = start.elapsed();
+    println!("wait 500 ms on a busy key: {err} after {took:?}");
+    match &err {
+        LockError::Timeout { key: k, waited } => {
+            assert_eq!(k, key);
+            assert_between("Timeout.waited", *waited, Duration::from_millis(450), took);
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert_between(
+        "wait 500 ms",
+        took,
+        Duration::from_millis(500),
+        Duration::from_millis(1500),
+    );
+    // Only the holder's node remains: the waiter left the queue.
+    assert_eq!(
+        queue_of(&zk, key),
+        holder_node,
+        "a waiter node stayed behind"
+    );
+    holder.release().await.expect("release");
+    // Nothing stale ahead of a newcomer: one attempt (no wait) succeeds right away.
+    let guard = rt2
+        .lock(key)
+        .acquire()
+        .await
+        .expect("free right after the holder released");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_exit_path_releases() {
+    let zk = ZooKeeperServer::start();
+    let (rt1, rt2) = (runtime(&zk).await, runtime(&zk).await);
+
+    // Explicit release.
+    let key = "zk:exit:release";
+    let guard = rt1.lock(key).acquire().await.expect("acquire");
+    guard.release().await.expect("release");
+    assert!(queue_of(&zk, key).is_empty(), "node left after release");
+    assert!(!rt2.is_locked(key).await.expect("is_locked"));
+    rt2.lock(key)
+        .acquire()
+        .await
+        .expect("free after an explicit release")
+        .release()
+        .await
+        .expect("release");
+
+    // Guard dropped (background release).
+    let key = "zk:exit:drop";
+    let guard = rt1.lock(key).acquire().await.expect("acquire");
+    let dropped = Instant::now();
+    drop(guard);
+    let took = acquire_within(&rt2, key, Duration::from_secs(10)).await;
+    println!("guard drop: next holder after {:?}", dropped.elapsed());
+    assert!(took < PROMPTLY, "after a dropped guard: {took:?}");
+
+    // Panic inside with_lock.
+    let key = "zk:exit:panic";
+    let rt = rt1.clone();
+    let joined = tokio::spawn(async move {
+        with_lock(rt.lock(key), async {
+            panic!("boom inside the critical section");
+        })
+        .await
+    })
+    .await;
+    assert!(joined.expect_err("the task panicked").is_panic());
+    let took = acquire_within(&rt2, key, Duration::from_secs(10)).await;
+    println!("panic: next holder after {took:?}");
+    assert!(took < PROMPTLY, "after a panic: {took:?}");
+
+    // Task aborted while holding.
+    let key = "zk:exit:abort";
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let rt = rt1.clone();
+    let task = tokio::spawn(async move {
+        let _guard = rt.lock(key).acquire().await.expect("acquire");
+        tx.send(()).ok();
+        std::future::pending::<()>().await;
+    });
+    rx.await.expect("the task holds the lock");
+    assert_busy(&rt2, key, "while the task holds").await;
+    task.abort();
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    let took = acquire_within(&rt2, key, Duration::from_secs(10)).await;
+    println!("abort: next holder after {took:?}");
+    assert!(took < PROMPTLY, "after an abort: {took:?}");
+
+    for key in [
+        "zk:exit:release",
+        "zk:exit:drop",
+        "zk:exit:panic",
+        "zk:exit:abort",
+    ] {
+        assert!(
+            queue_of(&zk, key).is_empty(),
+            "{key}: {:?}",
+            queue_of(&zk, key)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiter_leaves_the_queue_and_the_next_waiter_gets_the_lock() {
+    let zk = ZooKeeperServer::start();
+    let (rt1, rt2, rt3) = (runtime(&zk).await, runtime(&zk).await, runtime(&zk).await);
+    let key = "zk:exit:cancel-queued";
+    let holder = rt1.lock(key).acquire().await.expect("holder");
+    let first = queue_len(&zk, key, 1, PROMPTLY).await;
+
+    let rt = rt2.clone();
+    let cancelled = tokio::spawn(async move {
+        rt.lock(key)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+            .map(|_guard| ())
+    });
+    let with_b = queue_len(&zk, key, 2, Duration::from_secs(5)).await;
+    let rt = rt3.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let next = tokio::spawn(async move {
+        let guard = rt
+            .lock(key)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+            .expect("the next waiter acquires");
+        tx.send(Instant::now()).ok();
+        guard.release().await.expect("release");
+    });
+    let with_c = queue_len(&zk, key, 3, Duration::from_secs(5)).await;
+
+    cancelled.abort();
+    assert!(cancelled.await.expect_err("aborted").is_cancelled());
+    let took = eventually(PROMPTLY, "the cancelled waiter's node is removed", || {
+        let queue = queue_of(&zk, key);
+        async move { queue.len() == 2 }
+    })
+    .await;
+    println!("cancelled waiter's node gone after {took:?}");
+    let left = queue_of(&zk, key);
+    assert_eq!(left[0], first[0], "the holder's node stays first");
+    assert_eq!(left[1], with_c[2], "the next waiter's node stays");
+    assert!(!left.contains(&with_b[1]));
+
+    let released = Instant::now();
+    holder.release().await.expect("holder release");
+    let acquired_at = tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("the next waiter must not wait behind the cancelled one's node")
+        .expect("acquired");
+    let handoff = acquired_at.duration_since(released);
+    println!("hand-off past a cancelled waiter: {handoff:?}");
+    assert!(handoff < PROMPTLY, "hand-off took {handoff:?}");
+    next.await.expect("next waiter task");
+    assert!(queue_of(&zk, key).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_the_key_after_the_session_timeout() {
+    let zk = ZooKeeperServer::start();
+    let rt = runtime(&zk).await;
+    let key = "zk:kill9";
+    let url = format!("{}?session_timeout=2s", zk.url());
+    let mut holder = HolderProcess::spawn(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        &[
+            "--url",
+            &url,
+            "--key",
+            key,
+            "--mode",
+            "hold",
+            "--lease-ms",
+            "2000",
+        ],
+    );
+    let line = holder.next_line(Duration::from_secs(20)).await;
+    assert!(line.starts_with("acquired "), "{line}");
+    assert_busy(&rt, key, "while the holder process lives").await;
+    holder.kill9().await;
+    let killed = Instant::now();
+    let guard = rt
+        .lock(key)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the lock is freed once the dead holder's session expires");
+    let freed_after = killed.elapsed();
+    println!("kill -9 (session timeout 2 s): acquired after {freed_after:?}");
+    assert_between(
+        "free after kill -9 with a 2 s session",
+        freed_after,
+        Duration::from_secs(1),
+        Duration::from_secs(8),
+    );
+    let holder_fence: u64 = line["acquired ".len()..].parse().expect("fence");
+    assert!(guard.fence().expect("fence") > holder_fence);
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_strictly_increase_and_reentry_keeps_the_outer_fence() {
+    let zk = ZooKeeperServer::start();
+    let runtimes = [runtime(&zk).await, runtime(&zk).await];
+    let key = "zk:fence";
+    let mut fences = Vec::new();
+    for i in 0..10 {
+        let guard = runtimes[i % 2].lock(key).acquire().await.expect("acquire");
+        fences.push(guard.fence().expect("zookeeper gives a fence"));
+        // Other keys' writes in between must not matter.
+        runtimes[(i + 1) % 2]
+            .lock(format!("zk:fence:other:{i}"))
+            .acquire()
+            .await
+            .expect("other key")
+            .release()
+            .await
+            .expect("release");
+        guard.release().await.expect("release");
+    }
+    println!("fences: {fences:?}");
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "not strictly increasing: {fences:?}"
+    );
+
+    let rt = runtimes[0].clone();
+    let (outer, inner, inner_current) = with_lock(rt.lock(key), async {
+        let outer = current_fence().expect("outer fence");
+        let inner = rt.lock(key).acquire().await.expect("re-enter");
+        let inner_fence = inner.fence();
+        let inner_current = current_fence();
+        inner.release().await.expect("inner release");
+        assert_busy(&runtimes[1], key, "after the inner release").await;
+        (outer, inner_fence, inner_current)
+    })
+    .await
+    .expect("with_lock");
+    assert!(outer > *fences.last().unwrap());
+    assert_eq!(inner, Some(outer), "reentrant fence");
+    assert_eq!(inner_current, Some(outer));
+    assert!(queue_of(&zk, key).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_holder_process_loses_its_session_and_another_acquires() {
+    let zk = ZooKeeperServer::start();
+    let rt = runtime(&zk).await;
+    let key = "zk:sigstop";
+    let url = format!("{}?session_timeout=1s", zk.url());
+    let mut holder = HolderProcess::spawn(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        &[
+            "--url",
+            &url,
+            "--key",
+            key,
+            "--mode",
+            "hold",
+            "--lease-ms",
+            "2000",
+        ],
+    );
+    let line = holder.next_line(Duration::from_secs(20)).await;
+    assert!(line.starts_with("acquired "), "{line}");
+    let holder_fence: u64 = line["acquired ".len()..].parse().expect("fence");
+    let rt2 = rt.clone();
+    let waiter = tokio::spawn(async move {
+        let guard = rt2
+            .lock(key)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .expect("acquire once the stopped holder's session expired");
+        (Instant::now(), guard)
+    });
+    queue_len(&zk, key, 2, Duration::from_secs(5)).await;
+    holder.pause();
+    let stopped = Instant::now();
+    let (acquired_at, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the session of a stopped holder expires")
+        .expect("waiter task");
+    let after = acquired_at.duration_since(stopped);
+    println!("SIGSTOP holder (session timeout 1 s): another runtime acquired after {after:?}");
+    assert_between(
+        "acquired after SIGSTOP",
+        after,
+        Duration::from_millis(500),
+        Duration::from_secs(5),
+    );
+    assert!(guard.fence().expect("fence") > holder_fence);
+    // Keep it stopped past the expiry, then let it run: it must learn it lost the lock.
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(stopped.elapsed())).await;
+    holder.resume();
+    let resumed = Instant::now();
+    let line = holder.next_line(Duration::from_secs(10)).await;
+    println!(
+        "holder after SIGCONT: {line:?} after {:?}",
+        resumed.elapsed()
+    );
+    assert_eq!(line, "lost");
+    let status = holder.wait(Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(3), "{status}");
+    assert_busy(&runtime(&zk).await, key, "the new holder keeps it").await;
+    guard.release().await.expect("release by the new holder");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_expires_the_session_lost_fires_and_a_new_session_acquires() {
+    // The client gives the session up after 7/5 of its timeout without an answer; the server,
+    // once resumed, expires it too (nobody pinged). Everything observed is checked at the end so
+    // that one failure does not hide the next step.
+    let mut zk = ZooKeeperServer::start();
+    let session = Duration::from_secs(1);
+    let rt = zk_runtime(&zk, session).await;
+    // A runtime that holds nothing while its session expires.
+    let idle = zk_runtime(&zk, session).await;
+    let key = "zk:session-expiry";
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("acquire");
+    let mut problems = Vec::new();
+    zk.pause();
+    let paused = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
+    let lost_after = paused.elapsed();
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(paused.elapsed())).await;
+    zk.resume();
+    let resumed = Instant::now();
+    println!(
+        "server paused 3 s: lost() after {lost_after:?} (resolved: {})",
+        lost.is_ok()
+    );
+    if lost.is_err() || lost_after > Duration::from_millis(2500) {
+        problems.push(format!(
+            "lost() not resolved within 2.5 s of the pause ({lost_after:?})"
+        ));
+    }
+    // The old session's node goes away once the server runs again.
+    let other = runtime(&zk).await;
+    let took = eventually(Duration::from_secs(5), "old session's node removed", || {
+        let queue = queue_of(&zk, key);
+        async move { queue.is_empty() }
+    })
+    .await;
+    println!("old node gone {took:?} after resume");
+    let released = guard.release().await;
+    println!("release after the loss: {released:?}");
+    if !matches!(released, Err(LockError::Lost { .. })) {
+        problems.push(format!(
+            "release of a guard whose lost() resolved: expected Err(Lost), got {released:?}"
+        ));
+    }
+    // The same runtime works again on a new session: the next acquire (with a wait budget)
+    // succeeds.
+    let start = Instant::now();
+    let again = rt.lock(key).wait(Duration::from_secs(5)).acquire().await;
+    println!(
+        "first acquire after the expiry: {:?} after {:?} ({:?} after resume)",
+        again.as_ref().map(|g| g.fence()),
+        start.elapsed(),
+        resumed.elapsed()
+    );
+    match again {
+        Ok(guard) => {
+            assert_busy(&other, key, "held on the new session").await;
+            guard.release().await.expect("release on the new session");
+        }
+        Err(e) => {
+            problems.push(format!(
+                "first acquire (wait 5 s) after the session expired: {e:?}"
+            ));
+            let retry = rt.lock(key).wait(Duration::from_secs(5)).acquire().await;
+            println!("second acquire: {:?}", retry.as_ref().map(|g| g.fence()));
+            match retry {
+                Ok(guard) => guard.release().await.expect("release"),
+                Err(e) => problems.push(format!("second acquire: {e:?}")),
+            }
+        }
+    }
+    // The idle runtime's first acquire after its session expired (nothing triggered a
+    // reconnect before it): a wait budget must cover the switch to a new session.
+    let start = Instant::now();
+    let idle_acquire = idle
+        .lock("zk:session-expiry:idle")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await;
+    println!(
+        "idle runtime, first acquire after the expiry: {:?} after {:?}",
+        idle_acquire.as_ref().map(|g| g.fence()),
+        start.elapsed()
+    );
+    match idle_acquire {
+        Ok(guard) => guard.release().await.expect("release"),
+        Err(e) => {
+            problems.push(format!(
+                "idle runtime, first acquire (wait 5 s) after its session expired: {e:?}"
+            ));
+            let retry = idle
+                .lock("zk:session-expiry:idle")
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await;
+            println!(
+                "idle runtime, second acquire: {:?}",
+                retry.as_ref().map(|g| g.fence())
+            );
+            match retry {
+                Ok(guard) => guard.release().await.expect("release"),
+                Err(e) => problems.push(format!("idle runtime, second acquire: {e:?}")),
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_unlock_fires_lost_and_cancels_the_with_lock_body() {
+    let zk = ZooKeeperServer::start();
+    let (rt1, rt2) = (runtime(&zk).await, runtime(&zk).await);
+    let lease = Duration::from_secs(3);
+    // Bound: one renewal interval (lease/3) plus margin.
+    let bound = lease / 3 + Duration::from_millis(1500);
+
+    let key = "zk:force:guard";
+    let guard = rt1.lock(key).lease(lease).acquire().await.expect("acquire");
+    assert!(
+        rt2.force_unlock(key).await.expect("force_unlock"),
+        "it was held"
+    );
+    let deleted = Instant::now();
+    tokio::time::timeout(bound, guard.lost())
+        .await
+        .expect("lost() after the node was deleted from outside");
+    println!("node deleted: lost() after {:?}", deleted.elapsed());
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+
+    let key = "zk:force:with_lock";
+    let finished = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (rt, done) = (rt1.clone(), finished.clone());
+    let task = tokio::spawn(async move {
+        with_lock(rt.lock(key).lease(lease), async move {
+            tx.send(()).ok();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            done.store(true, Ordering::SeqCst);
+        })
+        .await
+    });
+    rx.await.expect("body started");
+    assert!(rt2.force_unlock(key).await.expect("force_unlock"));
+    let deleted = Instant::now();
+    let out = tokio::time::timeout(bound, task)
+        .await
+        .expect("with_lock returns after the loss")
+        .expect("task");
+    println!(
+        "node deleted: with_lock returned {out:?} after {:?}",
+        deleted.elapsed()
+    );
+    match out {
+        Err(LockError::Lost { key: k }) => assert_eq!(k, key),
+        other => panic!("expected Err(Lost), got {other:?}"),
+    }
+    assert!(!finished.load(Ordering::SeqCst), "the body ran to its end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_a_two_second_lease_for_six_seconds() {
+    let zk = ZooKeeperServer::start();
+    let rt = zk_runtime(&zk, Duration::from_secs(5)).await;
+    let other = runtime(&zk).await;
+    let key = "zk:watchdog";
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("acquire");
+    let node = queue_len(&zk, key, 1, PROMPTLY).await;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(6) {
+        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
+        assert!(other.is_locked(key).await.expect("is_locked"));
+        assert_busy(&other, key, "while renewed").await;
+        assert_eq!(queue_of(&zk, key), node, "same node throughout");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(guard.valid_for() > Duration::ZERO);
+    guard
+        .release()
+        .await
+        .expect("release after 6 s on a 2 s lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_longer_than_the_session_timeout_is_kept_while_healthy() {
+    // The runtime counts on at most the session timeout whatever the lease; with the default
+    // 30 s lease and a 2 s session the holder must still be renewed in time, not declared lost.
+    let zk = ZooKeeperServer::start();
+    let rt = zk_runtime(&zk, Duration::from_secs(2)).await;
+    let other = runtime(&zk).await;
+    let key = "zk:long-lease";
+    let guard = rt.lock(key).acquire().await.expect("acquire");
+    let start = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
+    assert!(
+        lost.is_err(),
+        "a healthy holder (lease 30 s, session 2 s) was declared lost after {:?}",
+        start.elapsed()
+    );
+    assert_busy(&other, key, "still held").await;
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_needing_escapes_are_one_segment_and_exclude_only_when_equal() {
+    let zk = ZooKeeperServer::start();
+    let (rt1, rt2) = (runtime(&zk).await, runtime(&zk).await);
+    let keys = [
+        "a/b",
+        "a%2Fb",
+        "a%b",
+        "100%",
+        "/",
+        "//",
+        ".",
+        "..",
+        "with space",
+        "a b/c%d",
+        "ключ",
+        "鍵",
+        "🔒 lock",
+        "tab\there",
+    ];
+    let mut failures = Vec::new();
+    let mut guards = Vec::new();
+    // All held at once by rt1: distinct keys never exclude each other.
+    for key in keys {
+        match rt1.lock(key).acquire().await {
+            Ok(guard) => guards.push(guard),
+            Err(e) => failures.push(format!("{key:?}: acquire failed: {e:?}")),
+        }
+    }
+    let nodes = ephemeral_nodes(&zk);
+    for guard in &guards {
+        let key = guard.key();
+        let parent = format!("/dlock/{}/", escape(key));
+        let mine: Vec<_> = nodes.iter().filter(|n| n.starts_with(&parent)).collect();
+        if mine.len() != 1 {
+            failures.push(format!("{key:?}: nodes {mine:?}"));
+        }
+        for node in mine {
+            let segments: Vec<_> = node.trim_start_matches('/').split('/').collect();
+            if segments.len() != 3 || !segments[2].starts_with("lock-") {
+                failures.push(format!(
+                    "{key:?}: node {node:?} is not /dlock/<one segment>/lock-N"
+                ));
+            }
+        }
+        // Equal keys exclude.
+        match rt2.lock(key).acquire().await {
+            Err(e) if e.is_timeout() => {}
+            other => failures.push(format!(
+                "{key:?}: second owner got {:?}",
+                other.map(|g| g.key().to_owned())
+            )),
+        }
+    }
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+    for key in keys {
+        if let Err(e) = rt2.lock(key).acquire().await.map(drop) {
+            failures.push(format!("{key:?}: not free after release: {e:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_key_leaves_no_node_and_can_be_taken_again() {
+    let zk = ZooKeeperServer::start();
+    let (rt1, rt2) = (runtime(&zk).await, runtime(&zk).await);
+    let node_count = || -> u64 {
+        let srvr = zk.srvr();
+        srvr.lines()
+            .find_map(|l| l.strip_prefix("Node count: "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no node count in {srvr}"))
+    };
+    let before = node_count();
+    for i in 0..10 {
+        let key = format!("zk:cleanup:{i}");
+        let guard = rt1.lock(key.as_str()).acquire().await.expect("acquire");
+        guard.release().await.expect("release");
+        assert!(queue_of(&zk, &key).is_empty());
+        assert!(!rt2.is_locked(&key).await.expect("is_locked"));
+        rt2.lock(key.as_str())
+            .acquire()
+            .await
+            .expect("re-acquire")
+            .release()
+            .await
+            .expect("release");
+    }
+    // The container parents stay until the server's container manager runs (every minute by
+    // default): observed, not asserted.
+    println!(
+        "node count before {before}, after 10 keys released {}",
+        node_count()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_no_node_behind() {
+    // Acquisitions aborted at random points (while the container, the node or the queue
+    // lookup is in flight) must leave nothing in the queue: the owner token is chosen before
+    // the request, so the compensating release can always find what was created.
+    let zk = ZooKeeperServer::start();
+    let (rt1, rt2) = (runtime(&zk).await, runtime(&zk).await);
+    let key = "zk:cancel-race";
+    let mut rng = dlock_tests::Rng::from_clock();
+    let (attempts, mut completed) = (200, 0);
+    for _ in 0..attempts {
+        let rt = rt1.clone();
+        let task = tokio::spawn(async move { rt.lock(key).acquire().await.map(drop) });
+        tokio::time::sleep(Duration::from_micros(rng.below(4000))).await;
+        task.abort();
+        if let Ok(Ok(())) = task.await {
+            completed += 1;
+        }
+    }
+    // Background releases settle within milliseconds; give them a generous while.
+    let settle = Instant::now();
+    while !queue_of(&zk, key).is_empty() && settle.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let queue = queue_of(&zk, key);
+    println!(
+        "{attempts} aborted acquisitions ({completed} completed first): {} nodes left {queue:?}",
+        queue.len()
+    );
+    let free = rt2.lock(key).acquire().await.map(drop);
+    assert!(
+        queue.is_empty() && free.is_ok(),
+        "{} phantom nodes of a live session block the key ({free:?}): {queue:?}",
+        queue.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_a_backend_error() {
+    let start = Instant::now();
+    let err = tokio::time::timeout(
+        Duration::from_secs(5),
+        Runtime::builder()
+            .zookeeper("127.0.0.1:1")
+            .timeout(Duration::from_secs(1))
+            .build(),
+    )
+    .await
+    .expect("must not hang")
+    .expect_err("nothing listening");
+    println!("127.0.0.1:1: {err} after {:?}", start.elapsed());
+    assert!(
+        err.is_backend(),
+        "nothing listening: expected Backend, got {err:?}"
+    );
+    let err = Runtime::from_url("zk://127.0.0.1:1?timeout=1s")
+        .await
+        .expect_err("nothing listening");
+    assert!(
+        err.is_backend(),
+        "zk://127.0.0.1:1: expected Backend, got {err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_are_invalid_config() {
+    for url in [
+        "zk://",
+        "zk://,",
+        "zk://127.0.0.1:2?bogus=1",
+        "zk://127.0.0.1:2?session_timeout=0s",
+        "zk://127.0.0.1:2?session_timeout=soon",
+    ] {
+        let start = Instant::now();
+        let err = Runtime::from_url(url).await.expect_err(url);
+        assert!(err.is_invalid_config(), "{url}: {err:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{url}: {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_is_a_backend_error_within_the_timeout() {
+    // Accepts connections (the kernel does) but never answers.
+    let mut zk = ZooKeeperServer::start();
+    let rt = Runtime::builder()
+        .zookeeper(zk.connect_string())
+        .timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("runtime");
+    zk.pause();
+    let start = Instant::now();
+    let built = tokio::time::timeout(
+        Duration::from_secs(10),
+        Runtime::builder()
+            .zookeeper(zk.connect_string())
+            .timeout(Duration::from_secs(1))
+            .build(),
+    )
+    .await;
+    let connect_took = start.elapsed();
+    let start = Instant::now();
+    let body_ran = AtomicBool::new(false);
+    let acquired = tokio::time::timeout(
+        Duration::from_secs(10),
+        with_lock(rt.lock("zk:paused"), async {
+            body_ran.store(true, Ordering::SeqCst);
+        }),
+    )
+    .await;
+    let acquire_took = start.elapsed();
+    zk.resume();
+    let mut problems = Vec::new();
+    match built {
+        Err(_) => problems.push("connect to a paused server hung for 10 s".to_owned()),
+        Ok(Ok(_)) => problems.push("connected to a paused server".to_owned()),
+        Ok(Err(err)) => {
+            println!("paused server: connect {err:?} after {connect_took:?}");
+            if !err.is_backend() {
+                problems.push(format!("connect: expected Backend, got {err:?}"));
+            }
+            if connect_took > Duration::from_secs(3) {
+                problems.push(format!("connect took {connect_took:?}"));
+            }
+        }
+    }
+    match acquired {
+        Err(_) => problems.push("acquire on a paused server hung for 10 s".to_owned()),
+        Ok(Ok(())) => problems.push("acquired on a paused server".to_owned()),
+        Ok(Err(err)) => {
+            println!("paused server: acquire {err:?} after {acquire_took:?}");
+            if !err.is_backend() {
+                problems.push(format!("acquire: expected Backend, got {err:?}"));
+            }
+            if acquire_took > Duration::from_secs(3) {
+                problems.push(format!("acquire took {acquire_took:?}"));
+            }
+        }
+    }
+    assert!(
+        !body_ran.load(Ordering::SeqCst),
+        "the body ran without the lock"
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
