@@ -13,6 +13,9 @@ use crate::guard::{Held, LockGuard};
 use crate::runtime::{Core, validate_lease};
 use crate::{LockError, Runtime};
 
+/// Attempts of a release scheduled from `Drop` or after a cancelled acquire.
+const BACKGROUND_RELEASE_ATTEMPTS: u32 = 5;
+
 /// Pause before a waiter retries after an engine error.
 const ERROR_RETRY: Duration = Duration::from_millis(100);
 
@@ -241,15 +244,28 @@ async fn compensated(
 pub(crate) fn release_in_background(core: Arc<Core>, key: String, owner: String) {
     let handle = core.handle.clone();
     handle.spawn(async move {
-        match core.backend.release(&key, &owner).await {
-            Ok(Released::Freed) => {
-                tracing::debug!(key = %key, "lock released in the background");
-                core.hub.wake(&key);
-            }
-            Ok(Released::NotOwner) => core.hub.wake(&key),
-            Ok(Released::StillHeld) => {}
-            Err(err) => {
-                tracing::warn!(key = %key, error = %err, "background release failed; the lock expires with its lease");
+        // Retried a few times: a release that fails leaves the lock until its lease ends.
+        let mut delay = Duration::from_millis(100);
+        for attempt in 1..=BACKGROUND_RELEASE_ATTEMPTS {
+            match core.backend.release(&key, &owner).await {
+                Ok(Released::Freed) => {
+                    tracing::debug!(key = %key, "lock released in the background");
+                    core.hub.wake(&key);
+                    return;
+                }
+                Ok(Released::NotOwner) => {
+                    core.hub.wake(&key);
+                    return;
+                }
+                Ok(Released::StillHeld) => return,
+                Err(err) if attempt < BACKGROUND_RELEASE_ATTEMPTS => {
+                    tracing::debug!(key = %key, error = %err, "background release failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(err) => {
+                    tracing::warn!(key = %key, error = %err, "background release failed; the lock expires with its lease");
+                }
             }
         }
     });

@@ -52,6 +52,15 @@ fn etcd_error(key: Option<&str>, what: &str, err: etcd_client::Error) -> LockErr
     LockError::backend(key, what, Some(Arc::new(err)))
 }
 
+/// How often a request refused at connect is sent again.
+const CONNECT_RETRIES: u32 = 6;
+
+/// A request that failed to connect (so it never reached a member).
+fn is_connect_error(err: &etcd_client::Error) -> bool {
+    let text = err.to_string();
+    text.contains("tcp connect error") || text.contains("Connection refused")
+}
+
 /// The lease's TTL in whole seconds, rounded up (etcd's resolution), at least 1.
 fn ttl_seconds(lease: Duration) -> i64 {
     let secs = lease.as_nanos().div_ceil(1_000_000_000);
@@ -101,13 +110,11 @@ impl EtcdBackend {
             contenders: Arc::default(),
         };
         // Prove the cluster answers (the client connects lazily).
-        let mut kv = backend.client.clone();
         backend
-            .bounded(
-                None,
-                "etcd does not answer",
-                kv.get("dlock-ping", Some(GetOptions::new().with_count_only())),
-            )
+            .bounded(None, "etcd does not answer", |mut c| async move {
+                c.get("dlock-ping", Some(GetOptions::new().with_count_only()))
+                    .await
+            })
             .await?;
         Ok(backend)
     }
@@ -123,20 +130,36 @@ impl EtcdBackend {
         format!("{}{key}/", self.prefix)
     }
 
-    async fn bounded<T>(
+    /// Runs `op` on a client, bounded by the timeout. A request refused at connect never
+    /// reached a member, so it is sent again (the client's balanced channel may still route to
+    /// a member that is down).
+    async fn bounded<T, Fut>(
         &self,
         key: Option<&str>,
         what: &str,
-        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, LockError> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(etcd_error(key, what, e)),
-            Err(_) => Err(LockError::backend(
-                key,
-                format!("{what}: no reply within {:?}", self.timeout),
-                None,
-            )),
+        mut op: impl FnMut(Client) -> Fut,
+    ) -> Result<T, LockError>
+    where
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.timeout;
+        let mut retries = 0;
+        loop {
+            match tokio::time::timeout_at(deadline, op(self.client.clone())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if retries < CONNECT_RETRIES && is_connect_error(&e) => {
+                    retries += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(Err(e)) => return Err(etcd_error(key, what, e)),
+                Err(_) => {
+                    return Err(LockError::backend(
+                        key,
+                        format!("{what}: no reply within {:?}", self.timeout),
+                        None,
+                    ));
+                }
+            }
         }
     }
 
@@ -168,13 +191,10 @@ impl EtcdBackend {
         lease: Duration,
         deadline: Instant,
     ) -> Result<Attempt, LockError> {
-        let mut client = self.client.clone();
         let granted = self
-            .bounded(
-                Some(key),
-                "lease grant failed",
-                client.lease_grant(ttl_seconds(lease), None),
-            )
+            .bounded(Some(key), "lease grant failed", |mut c| async move {
+                c.lease_grant(ttl_seconds(lease), None).await
+            })
             .await?;
         let lease_id = granted.id();
         let contender_key = format!("{}{lease_id:016x}", self.queue_prefix(key));
@@ -190,16 +210,16 @@ impl EtcdBackend {
         // Started when the contender first has to wait (an uncontended acquire needs none).
         let mut keeper: Option<AbortOnDrop> = None;
 
+        let contender = contender_key.as_str();
         let put = self
-            .bounded(
-                Some(key),
-                "queueing failed",
-                client.put(
-                    contender_key.as_str(),
+            .bounded(Some(key), "queueing failed", |mut c| async move {
+                c.put(
+                    contender,
                     owner,
                     Some(PutOptions::new().with_lease(lease_id)),
-                ),
-            )
+                )
+                .await
+            })
             .await?;
         let my_revision = put.header().map_or(0, |h| h.revision());
         loop {
@@ -210,11 +230,10 @@ impl EtcdBackend {
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(1);
             let before = self
-                .bounded(
-                    Some(key),
-                    "queue lookup failed",
-                    client.get(self.queue_prefix(key), Some(options)),
-                )
+                .bounded(Some(key), "queue lookup failed", |mut c| {
+                    let options = options.clone();
+                    async move { c.get(self.queue_prefix(key), Some(options)).await }
+                })
                 .await?;
             let Some(predecessor) = before.kvs().first() else {
                 if keeper.is_none() {
@@ -237,15 +256,15 @@ impl EtcdBackend {
             if keeper.is_none() {
                 keeper = Some(AbortOnDrop(self.keep_alive_while_queued(lease_id, ttl)));
             }
+            let predecessor_key = &predecessor_key;
             let mut watch = self
-                .bounded(
-                    Some(key),
-                    "watch failed",
-                    client.watch(
-                        predecessor_key,
+                .bounded(Some(key), "watch failed", |mut c| async move {
+                    c.watch(
+                        predecessor_key.clone(),
                         Some(WatchOptions::new().with_start_revision(from)),
-                    ),
-                )
+                    )
+                    .await
+                })
                 .await?;
             let deleted = async {
                 loop {
@@ -280,20 +299,15 @@ impl EtcdBackend {
         lease: i64,
         revision: i64,
     ) -> Result<Attempt, LockError> {
-        let mut client = self.client.clone();
         let mine = self
-            .bounded(
-                Some(key),
-                "confirmation failed",
-                client.get(contender_key, None),
-            )
+            .bounded(Some(key), "confirmation failed", |mut c| async move {
+                c.get(contender_key, None).await
+            })
             .await?;
         let alive = self
-            .bounded(
-                Some(key),
-                "lease check failed",
-                client.lease_time_to_live(lease, None),
-            )
+            .bounded(Some(key), "lease check failed", |mut c| async move {
+                c.lease_time_to_live(lease, None).await
+            })
             .await?;
         if mine.kvs().is_empty() || alive.ttl() <= 0 {
             return Err(LockError::backend(
@@ -307,14 +321,35 @@ impl EtcdBackend {
         })
     }
 
+    /// Revokes `lease`, sending again what was refused at connect (see [`Self::bounded`]).
+    async fn revoke(
+        &self,
+        lease: i64,
+    ) -> Result<
+        Result<etcd_client::LeaseRevokeResponse, etcd_client::Error>,
+        tokio::time::error::Elapsed,
+    > {
+        let deadline = Instant::now() + self.timeout;
+        let mut retries = 0;
+        loop {
+            let mut client = self.client.clone();
+            match tokio::time::timeout_at(deadline, client.lease_revoke(lease)).await {
+                Ok(Err(e)) if retries < CONNECT_RETRIES && is_connect_error(&e) => {
+                    retries += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Removes `owner`'s place: deletes its key and revokes its lease.
     async fn leave(&self, owner: &str) -> bool {
         let Some(contender) = self.contenders().remove(owner) else {
             return false;
         };
-        let mut client = self.client.clone();
         // Revoking the lease deletes the key with it.
-        let _ = tokio::time::timeout(self.timeout, client.lease_revoke(contender.lease)).await;
+        let _ = self.revoke(contender.lease).await;
         true
     }
 }
@@ -362,9 +397,7 @@ impl Backend for EtcdBackend {
                 };
                 let mut client = self.client.clone();
                 let renewed = async {
-                    let (mut keeper, mut stream) = client.lease_keep_alive(contender.lease).await?;
-                    keeper.keep_alive().await?;
-                    let ttl = stream.message().await?.map_or(0, |r| r.ttl());
+                    // The key first: deleted from outside is a loss even if the lease lives.
                     let exists = client
                         .get(
                             contender.key.as_str(),
@@ -373,7 +406,19 @@ impl Backend for EtcdBackend {
                         .await?
                         .count()
                         > 0;
-                    Ok::<bool, etcd_client::Error>(ttl > 0 && exists)
+                    if !exists {
+                        return Ok(false);
+                    }
+                    let ttl = match client.lease_keep_alive(contender.lease).await {
+                        Ok((mut keeper, mut stream)) => {
+                            keeper.keep_alive().await?;
+                            stream.message().await?.map_or(0, |r| r.ttl())
+                        }
+                        // The client reports a lease that is gone (revoked, expired) this way.
+                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => 0,
+                        Err(e) => return Err(e),
+                    };
+                    Ok::<bool, etcd_client::Error>(ttl > 0)
                 };
                 out.push(match tokio::time::timeout(self.timeout, renewed).await {
                     Ok(Ok(alive)) => Some(alive),
@@ -393,12 +438,26 @@ impl Backend for EtcdBackend {
             let Some(contender) = self.contenders().get(owner).cloned() else {
                 return Ok(Released::NotOwner);
             };
+            // Still ours? A key deleted from outside (and maybe taken by another contender)
+            // means the lease was lost, whatever the revoke below finds.
+            let contender_key = contender.key.as_str();
+            let present = self
+                .bounded(Some(key), "release failed", |mut c| async move {
+                    c.get(contender_key, Some(GetOptions::new().with_count_only()))
+                        .await
+                })
+                .await?
+                .count()
+                > 0;
             // Revoking the lease deletes its key atomically (one Raft write).
-            let mut client = self.client.clone();
-            match tokio::time::timeout(self.timeout, client.lease_revoke(contender.lease)).await {
+            match self.revoke(contender.lease).await {
                 Ok(Ok(_)) => {
                     self.contenders().remove(owner);
-                    Ok(Released::Freed)
+                    Ok(if present {
+                        Released::Freed
+                    } else {
+                        Released::NotOwner
+                    })
                 }
                 // The lease is gone already (expired or revoked from outside): not ours.
                 Ok(Err(etcd_client::Error::GRpcStatus(status)))
@@ -419,29 +478,26 @@ impl Backend for EtcdBackend {
 
     fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
-            let mut client = self.client.clone();
             // Only the holder (the lowest create revision) is removed; waiters keep their places.
             let options = GetOptions::new()
                 .with_prefix()
                 .with_sort(SortTarget::Create, SortOrder::Ascend)
                 .with_limit(1);
             let first = self
-                .bounded(
-                    Some(key),
-                    "force unlock failed",
-                    client.get(self.queue_prefix(key), Some(options)),
-                )
+                .bounded(Some(key), "force unlock failed", |mut c| {
+                    let options = options.clone();
+                    async move { c.get(self.queue_prefix(key), Some(options)).await }
+                })
                 .await?;
             let Some(holder) = first.kvs().first() else {
                 return Ok(false);
             };
             let holder_key = holder.key().to_vec();
             let deleted = self
-                .bounded(
-                    Some(key),
-                    "force unlock failed",
-                    client.delete(holder_key, None),
-                )
+                .bounded(Some(key), "force unlock failed", |mut c| {
+                    let holder_key = holder_key.clone();
+                    async move { c.delete(holder_key, None).await }
+                })
                 .await?;
             Ok(deleted.deleted() > 0)
         })
@@ -449,14 +505,12 @@ impl Backend for EtcdBackend {
 
     fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
-            let mut client = self.client.clone();
             let options = GetOptions::new().with_prefix().with_count_only();
             let found = self
-                .bounded(
-                    Some(key),
-                    "lookup failed",
-                    client.get(self.queue_prefix(key), Some(options)),
-                )
+                .bounded(Some(key), "lookup failed", |mut c| {
+                    let options = options.clone();
+                    async move { c.get(self.queue_prefix(key), Some(options)).await }
+                })
                 .await?;
             Ok(found.count() > 0)
         })

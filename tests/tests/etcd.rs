@@ -1,0 +1,1462 @@
+//! The etcd backend end to end, against real `etcd` processes started by the harness: mutual
+//! exclusion across tasks and OS processes, FIFO hand-off in arrival order, a bounded wait that
+//! leaves the queue, release on every exit path (including a cancelled waiter), a kill -9'd
+//! holder freed after about its lease, fences equal to the create revision, lease loss seen
+//! from outside (lease revoked, key deleted), the watchdog keeping a short lease alive, a
+//! killed cluster leader during a hold, the etcd 3.4 hazard of a queued waiter whose lease
+//! expired, and bad endpoints.
+//!
+//! Layout under test: one key per contender, `dlock:<key>/<lease id in hex>`, attached to that
+//! contender's lease; the holder is the lowest create revision, which is also its fence.
+//!
+//! etcd leases are whole seconds and this server (3.4, default 100 ms heartbeat and 1 s
+//! election timeout) raises anything shorter to 2 s, so lease bounds here are in seconds and
+//! generous: the box has two cores shared by etcd, the holder processes and the tests.
+//!
+//! The harness talks to etcd with blocking HTTP calls; from async tests they run through
+//! [`blocking`] (`block_in_place`), so the runtimes' background tasks keep running meanwhile.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dlock_runtime::{LockError, current_fence, with_lock};
+use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
+use dlock_tests::{HolderProcess, LockGuard, RedisServer, Runtime, assert_between};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+
+/// The runtime's default key prefix.
+const PREFIX: &str = "dlock:";
+
+/// Runs a blocking harness call (HTTP to etcd, a signal, a process start) without stalling
+/// the other tasks of the test's runtime.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// The contender keys of lock `key` (`dlock:<key>/...`), oldest first: the holder, then the
+/// waiters in arrival order.
+fn queue(etcd: &EtcdCluster, key: &str) -> Vec<EtcdKv> {
+    let mut kvs = blocking(|| etcd.get_prefix(&format!("{PREFIX}{key}/")));
+    kvs.sort_by_key(|kv| kv.create_revision);
+    kvs
+}
+
+/// Key names only, for messages.
+fn names(kvs: &[EtcdKv]) -> Vec<String> {
+    kvs.iter()
+        .map(|kv| {
+            format!(
+                "{} (rev {}, lease {})",
+                kv.key, kv.create_revision, kv.lease
+            )
+        })
+        .collect()
+}
+
+/// Waits until the queue of `key` has exactly `len` contenders; returns them oldest first.
+async fn wait_for_queue(
+    etcd: &EtcdCluster,
+    key: &str,
+    len: usize,
+    within: Duration,
+) -> Vec<EtcdKv> {
+    let start = Instant::now();
+    loop {
+        let kvs = queue(etcd, key);
+        if kvs.len() == len {
+            return kvs;
+        }
+        assert!(
+            start.elapsed() < within,
+            "queue of `{key}`: expected {len} contender keys within {within:?}, have {:?}",
+            names(&kvs)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The one contender key of `key` (the holder, nobody waiting).
+fn only_holder(etcd: &EtcdCluster, key: &str) -> EtcdKv {
+    let kvs = queue(etcd, key);
+    assert_eq!(
+        kvs.len(),
+        1,
+        "`{key}` must have exactly one contender key (the holder): {:?}",
+        names(&kvs)
+    );
+    kvs.into_iter().next().expect("one key")
+}
+
+/// Whether lease `id` is still alive on the server.
+fn lease_alive(etcd: &EtcdCluster, id: i64) -> bool {
+    blocking(|| etcd.lease_ttl(id)).is_some()
+}
+
+/// The TTL lease `id` was granted with (`grantedTTL` of `/v3/lease/timetolive`): what the
+/// server made of the runtime's whole-second TTL.
+fn granted_ttl(etcd: &EtcdCluster, id: i64) -> Option<i64> {
+    let reply = blocking(|| etcd.post("/v3/lease/timetolive", &format!(r#"{{"ID":"{id}"}}"#)));
+    reply
+        .split(r#""grantedTTL":""#)
+        .nth(1)?
+        .split('"')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Revokes lease `id` behind the runtime's back, through the JSON gateway.
+fn revoke_lease(etcd: &EtcdCluster, id: i64) {
+    blocking(|| etcd.post("/v3/lease/revoke", &format!(r#"{{"ID":"{id}"}}"#)));
+}
+
+/// Waits until the contender key `held` is gone and its lease revoked (or expired); returns
+/// how long that took. Panics after `within`.
+async fn wait_until_released(
+    etcd: &EtcdCluster,
+    key: &str,
+    held: &EtcdKv,
+    within: Duration,
+    what: &str,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let kvs = queue(etcd, key);
+        let key_gone = kvs.iter().all(|kv| kv.key != held.key);
+        if key_gone && !lease_alive(etcd, held.lease) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{what}: after {within:?} the holder's key is {} and its lease {} is {} (queue {:?})",
+            if key_gone { "gone" } else { "still there" },
+            held.lease,
+            if lease_alive(etcd, held.lease) {
+                "alive"
+            } else {
+                "gone"
+            },
+            names(&kvs)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A runtime on every member of `etcd`, default options.
+async fn runtime(etcd: &EtcdCluster) -> Runtime {
+    Runtime::builder()
+        .etcd(etcd.endpoints())
+        .build()
+        .await
+        .expect("build an etcd runtime")
+}
+
+/// Asserts another runtime can take `key` at once (one attempt) and releases it.
+async fn assert_free_for(other: &Runtime, key: &str, what: &str) {
+    other
+        .lock(key)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: another runtime cannot take `{key}`: {e:?}"))
+        .release()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: release by the other runtime: {e:?}"));
+}
+
+/// `errors` in short: how many, and the first three (an etcd error carries its whole cause).
+fn summary(errors: &[String]) -> String {
+    let first: Vec<&str> = errors.iter().take(3).map(|e| e.as_str()).collect();
+    format!("{} errors, first {first:#?}", errors.len())
+}
+
+/// Sets a flag when dropped: tells whether a body future was dropped (cancelled).
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mutual exclusion
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_on_two_runtimes_never_overlap_and_count_exactly() {
+    const TASKS: usize = 24;
+    const ROUNDS: u64 = 4;
+    let etcd = EtcdServer::start();
+    let runtimes = [runtime(etcd.cluster()).await, runtime(etcd.cluster()).await];
+    let key = "etcd:tasks";
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let rt = runtimes[t % 2].clone();
+            let (counter, inside, fences) = (counter.clone(), inside.clone(), fences.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = rt
+                        .lock(key)
+                        .lease(Duration::from_secs(10))
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await
+                        .expect("acquire with a 60 s wait");
+                    let others = inside.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(
+                        others, 0,
+                        "task {t} got the lock while {others} others held it"
+                    );
+                    fences
+                        .lock()
+                        .unwrap()
+                        .push(guard.fence().expect("etcd gives a fence"));
+                    // Read, yield, write: exact only under mutual exclusion.
+                    let value = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    counter.store(value + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("every task finishes within 60 s")
+            .expect("task panicked");
+    }
+    let took = start.elapsed();
+    let total = TASKS as u64 * ROUNDS;
+    println!(
+        "{total} acquisitions by {TASKS} tasks on 2 runtimes in {took:?} ({:?} each)",
+        took / u32::try_from(total).unwrap()
+    );
+    assert_eq!(counter.load(Ordering::SeqCst), total);
+    let fences = fences.lock().unwrap().clone();
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences in acquisition order must strictly increase: {fences:?}"
+    );
+    assert!(
+        queue(etcd.cluster(), key).is_empty(),
+        "every contender key is gone after the last release"
+    );
+}
+
+/// Three OS processes, each with its own etcd runtime, increment a counter kept on a separate
+/// redis-server (GET, sleep 1 ms, SET: exact only under mutual exclusion).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_increment_a_counter_exactly() {
+    const PROCESSES: u64 = 3;
+    const ITERATIONS: u64 = 20;
+    let etcd = EtcdServer::start();
+    let store = RedisServer::start();
+    let (url, store_url) = (etcd.url(), store.url());
+    let iterations = ITERATIONS.to_string();
+    let start = Instant::now();
+    let mut holders: Vec<HolderProcess> = (0..PROCESSES)
+        .map(|_| {
+            HolderProcess::spawn(
+                env!("CARGO_BIN_EXE_dlock-holder"),
+                &[
+                    "--url",
+                    &url,
+                    "--counter-url",
+                    &store_url,
+                    "--key",
+                    "etcd:processes",
+                    "--mode",
+                    "counter",
+                    "--iterations",
+                    &iterations,
+                    "--counter",
+                    "counter:etcd-processes",
+                ],
+            )
+        })
+        .collect();
+    for holder in &mut holders {
+        let line = holder.next_line(Duration::from_secs(60)).await;
+        assert_eq!(line, format!("done {ITERATIONS}"));
+        let status = holder.wait(Duration::from_secs(10)).await;
+        assert!(status.success(), "dlock-holder failed: {status}");
+    }
+    println!(
+        "{PROCESSES} processes x {ITERATIONS} increments in {:?}",
+        start.elapsed()
+    );
+    let total: u64 = store
+        .query(redis::cmd("GET").arg("counter:etcd-processes"))
+        .await;
+    assert_eq!(total, PROCESSES * ITERATIONS);
+    assert!(queue(etcd.cluster(), "etcd:processes").is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_get_the_lock_in_arrival_order() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:fifo";
+    let holder_rt = runtime(etcd.cluster()).await;
+    let holder = holder_rt.lock(key).acquire().await.expect("A acquires");
+    let holder_fence = holder.fence().expect("fence");
+    // (waiter, acquired at, released at, fence)
+    type Record = (usize, Instant, Instant, Option<u64>);
+    let order: Arc<Mutex<Vec<Record>>> = Arc::default();
+    let mut waiters = Vec::new();
+    for w in 1..=3 {
+        let rt = runtime(etcd.cluster()).await;
+        let order = order.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = rt
+                .lock(key)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap_or_else(|e| panic!("W{w} acquires within 30 s: {e:?}"));
+            let acquired = Instant::now();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            order
+                .lock()
+                .unwrap()
+                .push((w, acquired, Instant::now(), guard.fence()));
+            guard.release().await.expect("release");
+        }));
+        // W<w> is in the queue before W<w+1> starts: arrival order is 1, 2, 3.
+        wait_for_queue(etcd.cluster(), key, w + 1, Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let arrived = queue(etcd.cluster(), key);
+    assert_eq!(
+        arrived.len(),
+        4,
+        "A and three waiters: {:?}",
+        names(&arrived)
+    );
+    assert_eq!(arrived[0].create_revision, holder_fence as i64);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        order.lock().unwrap().is_empty(),
+        "a waiter got the lock while A held it"
+    );
+
+    let released = Instant::now();
+    holder.release().await.expect("A releases");
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("every waiter finishes")
+            .expect("waiter panicked");
+    }
+    let order = order.lock().unwrap().clone();
+    let ids: Vec<usize> = order.iter().map(|r| r.0).collect();
+    assert_eq!(ids, [1, 2, 3], "acquisition order must equal arrival order");
+    let mut previous_release = released;
+    for (i, &(w, acquired, done, fence)) in order.iter().enumerate() {
+        let hand_off = acquired.saturating_duration_since(previous_release);
+        println!("W{w} acquired {hand_off:?} after its predecessor released");
+        assert!(
+            acquired >= previous_release,
+            "W{w} acquired before its predecessor released"
+        );
+        assert!(
+            hand_off < Duration::from_secs(1),
+            "W{w} took {hand_off:?} after its predecessor released: not woken by the watch"
+        );
+        assert_eq!(
+            fence.map(|f| f as i64),
+            Some(arrived[i + 1].create_revision),
+            "W{w}'s fence is the create revision of its queue key"
+        );
+        previous_release = done;
+    }
+    assert!(queue(etcd.cluster(), key).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_timeout_returns_timeout_and_removes_the_waiters_key_and_lease() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:timeout";
+    let (a, b) = (runtime(etcd.cluster()).await, runtime(etcd.cluster()).await);
+    let guard = a.lock(key).acquire().await.expect("A acquires");
+    let holder = only_holder(etcd.cluster(), key);
+    let waiter = tokio::spawn(async move {
+        let start = Instant::now();
+        let result = b
+            .lock(key)
+            .wait(Duration::from_millis(500))
+            .acquire()
+            .await
+            .map(|g| g.fence());
+        (result, start.elapsed())
+    });
+    let queued = wait_for_queue(etcd.cluster(), key, 2, Duration::from_millis(450)).await;
+    let waiter_kv = queued[1].clone();
+    assert!(
+        lease_alive(etcd.cluster(), waiter_kv.lease),
+        "the waiter's lease is alive while it waits"
+    );
+    let (result, took) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter returns")
+        .expect("waiter task");
+    println!("wait 500 ms on a busy key returned after {took:?}: {result:?}");
+    match result {
+        Err(LockError::Timeout { key: k, waited }) => {
+            assert_eq!(k, key);
+            assert_between(
+                "Timeout's `waited`",
+                waited,
+                Duration::from_millis(450),
+                Duration::from_millis(1500),
+            );
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert_between(
+        "wait 500 ms on a busy key",
+        took,
+        Duration::from_millis(500),
+        Duration::from_millis(1500),
+    );
+    // At once (no eventually): the waiter left the queue before returning.
+    let after = queue(etcd.cluster(), key);
+    assert_eq!(
+        after.iter().map(|kv| &kv.key).collect::<Vec<_>>(),
+        [&holder.key],
+        "only the holder's key may remain after the waiter timed out: {:?}",
+        names(&after)
+    );
+    assert!(
+        !lease_alive(etcd.cluster(), waiter_kv.lease),
+        "the timed-out waiter's lease {} must be revoked",
+        waiter_kv.lease
+    );
+    assert!(!guard.is_lost());
+    guard.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Release on every exit path
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_exit_path_of_a_holder_releases_its_key_and_lease() {
+    let etcd = EtcdServer::start();
+    let rt = runtime(etcd.cluster()).await;
+    let other = runtime(etcd.cluster()).await;
+    let bound = Duration::from_secs(2);
+
+    // Explicit release: key and lease gone when `release` returns.
+    let key = "etcd:exit:release";
+    let guard = rt.lock(key).acquire().await.expect("acquire");
+    let held = only_holder(etcd.cluster(), key);
+    // `dlock:<key>/<lease id, 16 hex digits>`, attached to that lease, valued the owner token.
+    assert_eq!(held.key, format!("{PREFIX}{key}/{:016x}", held.lease));
+    assert_eq!(held.value.len(), 32, "a 128-bit owner token in hex");
+    guard.release().await.expect("release");
+    assert!(
+        queue(etcd.cluster(), key).is_empty(),
+        "key left after release"
+    );
+    assert!(
+        !lease_alive(etcd.cluster(), held.lease),
+        "lease left after release"
+    );
+    assert_free_for(&other, key, "after release").await;
+
+    // Guard dropped.
+    let key = "etcd:exit:drop";
+    let guard = rt.lock(key).acquire().await.expect("acquire");
+    let held = only_holder(etcd.cluster(), key);
+    drop(guard);
+    let took = wait_until_released(etcd.cluster(), key, &held, bound, "guard dropped").await;
+    println!("guard drop: released in {took:?}");
+    assert_free_for(&other, key, "after drop").await;
+
+    // Panic inside with_lock.
+    let key = "etcd:exit:panic";
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(with_lock(rt.lock(key), async move {
+        held_tx.send(()).unwrap();
+        go_rx.await.ok();
+        panic!("boom inside the critical section");
+    }));
+    held_rx.await.expect("the body runs");
+    let held = only_holder(etcd.cluster(), key);
+    go_tx.send(()).unwrap();
+    let err = task.await.expect_err("the task panics");
+    assert!(err.is_panic());
+    let took = wait_until_released(etcd.cluster(), key, &held, bound, "panic in with_lock").await;
+    println!("panic in with_lock: released in {took:?}");
+    assert_free_for(&other, key, "after panic").await;
+
+    // Cancellation while holding (task aborted).
+    let key = "etcd:exit:abort";
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let holder_rt = rt.clone();
+    let task = tokio::spawn(async move {
+        let _guard = holder_rt.lock(key).acquire().await.expect("acquire");
+        held_tx.send(()).unwrap();
+        std::future::pending::<()>().await;
+    });
+    held_rx.await.expect("the task holds the lock");
+    let held = only_holder(etcd.cluster(), key);
+    task.abort();
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    let took = wait_until_released(etcd.cluster(), key, &held, bound, "abort while holding").await;
+    println!("abort while holding: released in {took:?}");
+    assert_free_for(&other, key, "after abort").await;
+    assert_eq!(rt.held_count(), 0);
+}
+
+/// A waiter cancelled in the queue (its acquire future dropped by a timeout around it, another
+/// aborted with its task) leaves: its key and lease are gone, and the waiter queued behind it
+/// still gets the lock promptly when the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiters_leave_the_queue_and_the_next_waiter_gets_the_lock() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:cancel-queued";
+    let holder_rt = runtime(etcd.cluster()).await;
+    let holder = holder_rt.lock(key).acquire().await.expect("A acquires");
+
+    // B: its acquire future is dropped by the timeout around it, while it waits.
+    let b = runtime(etcd.cluster()).await;
+    let dropped = tokio::spawn(async move {
+        tokio::time::timeout(
+            Duration::from_millis(1500),
+            b.lock(key).wait(Duration::from_secs(30)).acquire(),
+        )
+        .await
+        .is_err()
+    });
+    wait_for_queue(etcd.cluster(), key, 2, Duration::from_secs(1)).await;
+    // B2: its task is aborted while it waits.
+    let b2 = runtime(etcd.cluster()).await;
+    let aborted = tokio::spawn(async move {
+        let _ = b2.lock(key).wait(Duration::from_secs(30)).acquire().await;
+    });
+    wait_for_queue(etcd.cluster(), key, 3, Duration::from_secs(1)).await;
+    // C: queued behind both.
+    let c = runtime(etcd.cluster()).await;
+    let next = tokio::spawn(async move {
+        let guard = c
+            .lock(key)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("C acquires");
+        (guard, Instant::now())
+    });
+    let queued = wait_for_queue(etcd.cluster(), key, 4, Duration::from_secs(1)).await;
+    let (b_kv, b2_kv, c_kv) = (queued[1].clone(), queued[2].clone(), queued[3].clone());
+
+    assert!(
+        dropped.await.expect("B's task"),
+        "B's acquire must still be waiting when the timeout around it drops it"
+    );
+    let took = wait_until_released(
+        etcd.cluster(),
+        key,
+        &b_kv,
+        Duration::from_secs(2),
+        "waiter future dropped",
+    )
+    .await;
+    println!("dropped waiter B: key and lease gone {took:?} after the drop");
+    aborted.abort();
+    assert!(aborted.await.expect_err("aborted").is_cancelled());
+    let took = wait_until_released(
+        etcd.cluster(),
+        key,
+        &b2_kv,
+        Duration::from_secs(2),
+        "waiter task aborted",
+    )
+    .await;
+    println!("aborted waiter B2: key and lease gone {took:?} after the abort");
+    let left = queue(etcd.cluster(), key);
+    assert_eq!(
+        left.iter().map(|kv| &kv.key).collect::<Vec<_>>(),
+        [&queued[0].key, &c_kv.key],
+        "A and C remain"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!next.is_finished(), "C must wait while A holds");
+
+    let released = Instant::now();
+    holder.release().await.expect("A releases");
+    let (guard, acquired) = tokio::time::timeout(Duration::from_secs(5), next)
+        .await
+        .expect("C gets the lock")
+        .expect("C's task");
+    let hand_off = acquired.saturating_duration_since(released);
+    println!("C acquired {hand_off:?} after A released");
+    assert!(
+        hand_off < Duration::from_secs(1),
+        "C took {hand_off:?} after A released: its watch did not follow the cancelled waiters"
+    );
+    assert_eq!(guard.fence().map(|f| f as i64), Some(c_kv.create_revision));
+    guard.release().await.expect("C releases");
+    assert!(queue(etcd.cluster(), key).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_the_lock_after_about_its_lease() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:killed-holder";
+    let url = etcd.url();
+    let mut holder = HolderProcess::spawn(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        &[
+            "--url",
+            &url,
+            "--key",
+            key,
+            "--mode",
+            "hold",
+            "--lease-ms",
+            "2000",
+        ],
+    );
+    let line = holder.next_line(Duration::from_secs(20)).await;
+    let fence: i64 = line
+        .strip_prefix("acquired ")
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("expected `acquired <fence>`, got {line:?}"));
+    let held = only_holder(etcd.cluster(), key);
+    assert_eq!(fence, held.create_revision, "the printed fence");
+    let left = blocking(|| etcd.lease_ttl(held.lease)).expect("the holder's lease is alive");
+    let granted = granted_ttl(etcd.cluster(), held.lease);
+    println!("holder process: lease 2000 ms, granted TTL {granted:?} s, {left} s left now");
+    assert_eq!(granted, Some(2), "a 2 s lease is granted as 2 s");
+    // Past the lease: the process's watchdog keeps it.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let still = only_holder(etcd.cluster(), key);
+    assert_eq!(
+        (still.key.as_str(), still.create_revision),
+        (held.key.as_str(), held.create_revision),
+        "the holder's key survives its 2 s lease while the process lives"
+    );
+
+    let rt = runtime(etcd.cluster()).await;
+    holder.kill9().await;
+    let killed = Instant::now();
+    let guard = rt
+        .lock(key)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the dead holder's lock expires");
+    let took = killed.elapsed();
+    println!("acquired {took:?} after kill -9 of a holder with lease 2 s");
+    assert_between(
+        "acquire after kill -9 of an etcd holder with lease 2 s",
+        took,
+        Duration::from_secs(1),
+        Duration::from_secs(6),
+    );
+    assert!(!lease_alive(etcd.cluster(), held.lease));
+    assert!(guard.fence().expect("fence") as i64 > fence);
+    guard.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fences
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_strictly_increase_and_equal_the_create_revision() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:fences";
+    let (a, b) = (runtime(etcd.cluster()).await, runtime(etcd.cluster()).await);
+    let mut fences = Vec::new();
+    for i in 0..10 {
+        let rt = if i % 2 == 0 { &a } else { &b };
+        if i == 5 {
+            // Unrelated writes move the store's revision too: still increasing.
+            blocking(|| etcd.put("etcd-test/unrelated", "x"));
+        }
+        let fence = if i % 3 == 2 {
+            // The closure form: the fence is visible to the body as `current_fence()`.
+            with_lock(rt.lock(key), async {
+                let kv = only_holder(etcd.cluster(), key);
+                let fence = current_fence().expect("fence inside with_lock");
+                assert_eq!(fence as i64, kv.create_revision, "holder {i}");
+                fence
+            })
+            .await
+            .expect("with_lock")
+        } else {
+            let guard = rt.lock(key).acquire().await.expect("acquire");
+            let fence = guard.fence().expect("etcd gives a fence");
+            let kv = only_holder(etcd.cluster(), key);
+            assert_eq!(
+                fence as i64, kv.create_revision,
+                "holder {i}: fence must be the contender key's create revision"
+            );
+            guard.release().await.expect("release");
+            fence
+        };
+        fences.push(fence);
+    }
+    println!("fences of 10 successive holders: {fences:?}");
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase: {fences:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lease loss and the watchdog
+// ---------------------------------------------------------------------------------------------
+
+/// Lease of the loss tests: renewed every 2 s; the local validity alone would end a loss
+/// only 4 s or more after the last renewal, so a loss seen within 2 s + margin of the fault
+/// comes from renewal, not from the clock.
+const LOSS_LEASE: Duration = Duration::from_secs(6);
+
+/// A renewal interval (lease/3) plus margin.
+const LOSS_SEEN_WITHIN: Duration = Duration::from_millis(3500);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_revoked_from_outside_resolves_lost() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:lost:revoked";
+    let rt = runtime(etcd.cluster()).await;
+    let guard = rt
+        .lock(key)
+        .lease(LOSS_LEASE)
+        .acquire()
+        .await
+        .expect("acquire");
+    let held = only_holder(etcd.cluster(), key);
+    revoke_lease(etcd.cluster(), held.lease);
+    let revoked = Instant::now();
+    assert!(
+        queue(etcd.cluster(), key).is_empty(),
+        "revoking the lease deletes the key"
+    );
+    tokio::time::timeout(LOSS_SEEN_WITHIN, guard.lost())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("lost() must resolve within {LOSS_SEEN_WITHIN:?} of the lease being revoked")
+        });
+    println!(
+        "lost() {:?} after the lease was revoked (lease 6 s)",
+        revoked.elapsed()
+    );
+    assert!(guard.is_lost());
+    let err = guard.release().await.expect_err("release of a lost lock");
+    assert!(err.is_lost(), "{err:?}");
+    assert_free_for(&runtime(etcd.cluster()).await, key, "after the loss").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_deleted_from_outside_resolves_lost() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:lost:deleted";
+    let rt = runtime(etcd.cluster()).await;
+    let guard = rt
+        .lock(key)
+        .lease(LOSS_LEASE)
+        .acquire()
+        .await
+        .expect("acquire");
+    let held = only_holder(etcd.cluster(), key);
+    assert!(blocking(|| etcd.delete(&held.key)));
+    let deleted = Instant::now();
+    assert!(
+        lease_alive(etcd.cluster(), held.lease),
+        "only the key was deleted"
+    );
+    tokio::time::timeout(LOSS_SEEN_WITHIN, guard.lost())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("lost() must resolve within {LOSS_SEEN_WITHIN:?} of the key being deleted")
+        });
+    println!(
+        "lost() {:?} after the key was deleted (lease 6 s)",
+        deleted.elapsed()
+    );
+    let err = guard.release().await.expect_err("release of a lost lock");
+    assert!(err.is_lost(), "{err:?}");
+    assert!(
+        !lease_alive(etcd.cluster(), held.lease),
+        "releasing the lost guard revokes its lease"
+    );
+    assert_free_for(&runtime(etcd.cluster()).await, key, "after the loss").await;
+}
+
+/// A release that finds the holder's key gone (deleted from outside before any renewal
+/// noticed) must say the critical section was not protected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_the_key_was_deleted_from_outside_is_lost() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:lost:deleted-then-released";
+    let rt = runtime(etcd.cluster()).await;
+    let guard = rt
+        .lock(key)
+        .lease(LOSS_LEASE)
+        .acquire()
+        .await
+        .expect("acquire");
+    let held = only_holder(etcd.cluster(), key);
+    assert!(blocking(|| etcd.delete(&held.key)));
+    // Another contender takes the free key at once: the first holder is no longer the owner.
+    let other = runtime(etcd.cluster()).await;
+    let second = other.lock(key).acquire().await.expect("the key is free");
+    assert!(!guard.is_lost(), "no renewal has run yet (lease 6 s)");
+    let result = guard.release().await;
+    println!("release after the key was deleted from outside: {result:?}");
+    assert!(
+        matches!(&result, Err(e) if e.is_lost()),
+        "expected Err(Lost): the key was gone and another holder had the lock, got {result:?}"
+    );
+    assert!(
+        !lease_alive(etcd.cluster(), held.lease),
+        "the release still revokes the lease"
+    );
+    assert_eq!(
+        only_holder(etcd.cluster(), key).create_revision,
+        second.fence().expect("fence") as i64,
+        "the second holder's key is untouched"
+    );
+    second.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_body_is_cancelled_with_lost_when_the_lease_is_revoked() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:lost:with-lock";
+    let rt = runtime(etcd.cluster()).await;
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let body_dropped = SetOnDrop(dropped.clone());
+    let task = tokio::spawn(with_lock(rt.lock(key).lease(LOSS_LEASE), async move {
+        let _flag = body_dropped;
+        held_tx.send(()).unwrap();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        "finished"
+    }));
+    held_rx.await.expect("the body runs");
+    let held = only_holder(etcd.cluster(), key);
+    revoke_lease(etcd.cluster(), held.lease);
+    let revoked = Instant::now();
+    let result = tokio::time::timeout(LOSS_SEEN_WITHIN, task)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("with_lock must return within {LOSS_SEEN_WITHIN:?} of the lease being revoked")
+        })
+        .expect("with_lock task");
+    println!(
+        "with_lock returned {result:?} {:?} after the lease was revoked",
+        revoked.elapsed()
+    );
+    match result {
+        Err(LockError::Lost { key: k }) => assert_eq!(k, key),
+        other => panic!("expected Err(Lost), got {other:?}"),
+    }
+    assert!(dropped.load(Ordering::SeqCst), "the body must be dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_a_two_second_lease_for_six_seconds() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:watchdog";
+    let rt = runtime(etcd.cluster()).await;
+    let other = runtime(etcd.cluster()).await;
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("acquire");
+    let held = only_holder(etcd.cluster(), key);
+    assert_eq!(granted_ttl(etcd.cluster(), held.lease), Some(2));
+    // Whole seconds, and the server's minimum: a 1 s lease (renewed every 333 ms).
+    let short = other
+        .lock("etcd:watchdog:one-second")
+        .lease(Duration::from_secs(1))
+        .acquire()
+        .await
+        .expect("acquire with a 1 s lease");
+    let short_granted = granted_ttl(
+        etcd.cluster(),
+        only_holder(etcd.cluster(), "etcd:watchdog:one-second").lease,
+    );
+    println!("lease 1 s: granted TTL {short_granted:?} s (etcd raises it to its minimum)");
+    assert!(
+        short_granted.is_some_and(|t| (1..=2).contains(&t)),
+        "{short_granted:?}"
+    );
+    let start = Instant::now();
+    let mut refused = 0;
+    let mut ttls = Vec::new();
+    while start.elapsed() < Duration::from_secs(6) {
+        let kvs = queue(etcd.cluster(), key);
+        assert_eq!(
+            kvs.first()
+                .map(|kv| (&kv.key, kv.create_revision, kv.lease)),
+            Some((&held.key, held.create_revision, held.lease)),
+            "the holder's key must stay ({:?} in)",
+            start.elapsed()
+        );
+        let ttl = blocking(|| etcd.lease_ttl(held.lease));
+        assert!(
+            ttl.is_some_and(|t| t > 0),
+            "lease TTL {ttl:?} after {:?}",
+            start.elapsed()
+        );
+        ttls.extend(ttl);
+        let err = other
+            .lock(key)
+            .acquire()
+            .await
+            .map(|_guard| ())
+            .expect_err("another runtime must be refused while the watchdog renews");
+        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        refused += 1;
+        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "held 6 s on a 2 s lease; other runtime refused {refused} times; server TTLs seen {:?}..{:?}",
+        ttls.iter().min(),
+        ttls.iter().max()
+    );
+    assert_eq!(
+        queue(etcd.cluster(), key).len(),
+        1,
+        "refused attempts leave no key behind"
+    );
+    guard
+        .release()
+        .await
+        .expect("release after 6 s on a 2 s lease");
+    assert!(!lease_alive(etcd.cluster(), held.lease));
+    assert!(!short.is_lost(), "the 1 s lease was lost within 6 s");
+    short.release().await.expect("release of the 1 s lease");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cluster failover
+// ---------------------------------------------------------------------------------------------
+
+/// A 3-member cluster; the leader is killed with SIGKILL while one runtime holds a lock and a
+/// second one keeps trying to take it. The hold either survives the election (its key is still
+/// there under the new leader and it is not lost) or is reported lost; the second runtime gets
+/// the lock only after the first released it or knew it lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_leader_killed_during_a_hold_never_lets_two_holders_run() {
+    let mut cluster = EtcdCluster::start(3);
+    let key = "etcd:failover";
+    let lease = Duration::from_secs(3);
+    let build = || {
+        Runtime::builder()
+            .etcd(cluster.endpoints())
+            .timeout(Duration::from_secs(1))
+            .build()
+    };
+    let first_rt = build().await.expect("first runtime");
+    let second_rt = build().await.expect("second runtime");
+    let guard = first_rt
+        .lock(key)
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
+    let first_fence = guard.fence().expect("fence");
+    let held = only_holder(&cluster, key);
+    // `Some(guard)` while the first runtime holds; `None` once its release has begun.
+    let first: Arc<Mutex<Option<LockGuard>>> = Arc::new(Mutex::new(Some(guard)));
+
+    let contender = tokio::spawn({
+        let first = first.clone();
+        async move {
+            let start = Instant::now();
+            let mut errors = Vec::new();
+            loop {
+                match second_rt
+                    .lock(key)
+                    .lease(lease)
+                    .wait(Duration::from_secs(2))
+                    .acquire()
+                    .await
+                {
+                    Ok(guard) => {
+                        // None: released; Some(true): known lost; Some(false): still held.
+                        let first_state = first.lock().unwrap().as_ref().map(LockGuard::is_lost);
+                        return (guard, Instant::now(), first_state, errors);
+                    }
+                    Err(err) if err.is_timeout() => {}
+                    Err(err) => {
+                        errors.push(format!("{:?}: {err}", start.elapsed()));
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(40),
+                    "the second runtime never got the lock; {}",
+                    summary(&errors)
+                );
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!contender.is_finished(), "the second runtime must wait");
+
+    let leader = blocking(|| cluster.leader_index()).expect("a leader");
+    blocking(|| cluster.kill9(leader));
+    let killed = Instant::now();
+    let new_leader = blocking(|| cluster.wait_for_leader(Duration::from_secs(10)));
+    let elected = killed.elapsed();
+    println!("killed leader {leader}; member {new_leader} leads after {elected:?}");
+
+    // Watch the hold for two more leases: it survives or is reported lost, never both silently.
+    let mut key_present_after_election = None;
+    while killed.elapsed() < elected + lease * 2 {
+        let lost = first
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(LockGuard::is_lost);
+        if lost {
+            break;
+        }
+        let kvs = queue(&cluster, key);
+        let present = kvs
+            .first()
+            .is_some_and(|kv| kv.key == held.key && kv.create_revision == held.create_revision);
+        key_present_after_election.get_or_insert(present);
+        if !present {
+            // The key is gone but the holder has not (yet) seen it: it must within a renewal.
+            let guard_lost = tokio::time::timeout(lease / 3 + Duration::from_secs(2), async {
+                loop {
+                    if first
+                        .lock()
+                        .unwrap()
+                        .as_ref()
+                        .is_some_and(LockGuard::is_lost)
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+            assert!(
+                guard_lost.is_ok(),
+                "the holder's key vanished ({:?}) but the holder did not report the loss",
+                names(&kvs)
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let guard = first.lock().unwrap().take().expect("not yet released");
+    let outcome = if guard.is_lost() {
+        let err = guard.release().await.expect_err("release of a lost hold");
+        assert!(err.is_lost(), "{err:?}");
+        "reported lost"
+    } else {
+        assert_eq!(
+            key_present_after_election,
+            Some(true),
+            "a hold not reported lost must keep its key through the election"
+        );
+        let still = queue(&cluster, key);
+        assert_eq!(
+            still.first().map(|kv| (&kv.key, kv.create_revision)),
+            Some((&held.key, held.create_revision)),
+            "the surviving holder's key, {:?} after the kill",
+            killed.elapsed()
+        );
+        // The release may meet the dead member (see the next test); exclusion is what this
+        // test is about, so an error here is reported, and the lease then ends the hold.
+        if let Err(err) = guard.release().await {
+            println!("release of the surviving hold failed: {err}");
+            assert!(err.is_backend(), "{err:?}");
+        }
+        "survived"
+    };
+    let released = Instant::now();
+    println!(
+        "the hold {outcome} ({:?} after the leader was killed)",
+        killed.elapsed()
+    );
+
+    let (second, acquired, first_state, errors) =
+        tokio::time::timeout(Duration::from_secs(20), contender)
+            .await
+            .expect("the second runtime gets the lock after the first one's end")
+            .expect("contender task");
+    println!(
+        "second runtime acquired {:?} after the first one's end; meanwhile {}",
+        acquired.saturating_duration_since(released),
+        summary(&errors)
+    );
+    assert_ne!(
+        first_state,
+        Some(false),
+        "the second runtime got the lock while the first still held it (not lost, not released)"
+    );
+    assert!(second.fence().expect("fence") > first_fence);
+    if let Err(err) = second.release().await {
+        println!("release by the second runtime failed: {err}");
+        assert!(err.is_backend(), "{err:?}");
+    }
+}
+
+/// With one follower of three killed the cluster keeps its quorum and its leader: a runtime
+/// configured with all three endpoints must go on acquiring, renewing and releasing without
+/// errors (the client has two healthy members to talk to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_with_one_follower_killed_keeps_serving_every_lock_operation() {
+    const CYCLES: usize = 40;
+    /// Enough to show the problem; bounds the test's time when every cycle fails.
+    const STOP_AFTER_ERRORS: usize = 5;
+    let mut cluster = EtcdCluster::start(3);
+    let rt = Runtime::builder()
+        .etcd(cluster.endpoints())
+        .timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("build");
+    // Some traffic first, so that connections to every member are live when one dies.
+    for _ in 0..6 {
+        rt.lock("etcd:warm-up")
+            .acquire()
+            .await
+            .expect("warm-up acquire")
+            .release()
+            .await
+            .expect("warm-up release");
+    }
+    let held = rt
+        .lock("etcd:held-across")
+        .lease(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("acquire the lock held across the kill");
+    let leader = blocking(|| cluster.leader_index()).expect("a leader");
+    let follower = (leader + 1) % cluster.len();
+    blocking(|| cluster.kill9(follower));
+    let killed = Instant::now();
+
+    let mut errors = Vec::new();
+    // What blocked the first acquire that timed out on this otherwise free key.
+    let mut blocked_by: Option<Vec<String>> = None;
+    let mut cycles = 0;
+    for i in 0..CYCLES {
+        if errors.len() >= STOP_AFTER_ERRORS {
+            break;
+        }
+        cycles += 1;
+        match rt
+            .lock("etcd:one-dead")
+            .wait(Duration::from_millis(500))
+            .acquire()
+            .await
+        {
+            Ok(guard) => {
+                if let Err(err) = guard.release().await {
+                    errors.push(format!("release {i}: {err}"));
+                }
+            }
+            Err(err) => {
+                if err.is_timeout() && blocked_by.is_none() {
+                    let kvs = queue(&cluster, "etcd:one-dead");
+                    blocked_by = Some(
+                        kvs.iter()
+                            .map(|kv| {
+                                let ttl = blocking(|| cluster.lease_ttl(kv.lease));
+                                format!("{} (lease TTL left {ttl:?} s)", kv.key)
+                            })
+                            .collect(),
+                    );
+                }
+                errors.push(format!("acquire {i}: {err}"));
+            }
+        }
+    }
+    let cycles_took = killed.elapsed();
+    // The 2 s lease, renewed through the two live members, for two leases past the kill.
+    tokio::time::sleep_until(tokio::time::Instant::from_std(
+        killed + Duration::from_secs(4),
+    ))
+    .await;
+    let lost = held.is_lost();
+    println!(
+        "follower {follower} killed (leader {leader}): {} of {cycles} lock cycles failed in \
+         {cycles_took:?}; 2 s lease held across: lost = {lost}; {}; a timed-out acquire of \
+         the free key was queued behind {blocked_by:?}",
+        errors.len(),
+        summary(&errors)
+    );
+    assert_eq!(
+        blocking(|| cluster.leader_index()),
+        Some(leader),
+        "killing a follower must not change the leader"
+    );
+    assert!(
+        errors.is_empty(),
+        "{} of {cycles} acquire/release cycles failed with one follower of three killed \
+         (quorum and leader intact): {}",
+        errors.len(),
+        summary(&errors)
+    );
+    assert!(
+        !lost,
+        "a 2 s lease renewable through two healthy members was reported lost"
+    );
+    held.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The etcd 3.4 hazard: a queued waiter whose lease expired
+// ---------------------------------------------------------------------------------------------
+
+/// A waiter process frozen (SIGSTOP) in the queue until its lease expires loses its key; when
+/// it resumes after the holder left and another waiter took the lock, it must not report the
+/// lock acquired (etcd 3.4's own Lock RPC was seen doing exactly that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_frozen_until_its_lease_expired_never_gets_the_lock_beside_the_holder() {
+    let etcd = EtcdServer::start();
+    let key = "etcd:frozen-waiter";
+    let (a, b) = (runtime(etcd.cluster()).await, runtime(etcd.cluster()).await);
+    let guard_a = a.lock(key).acquire().await.expect("A acquires");
+    let url = etcd.url();
+    let mut frozen = tokio::process::Command::new(env!("CARGO_BIN_EXE_dlock-holder"))
+        .args(["--url", &url, "--key", key, "--mode", "hold"])
+        .args(["--lease-ms", "1000"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn dlock-holder");
+    let queued = wait_for_queue(etcd.cluster(), key, 2, Duration::from_secs(20)).await;
+    let p_kv = queued[1].clone();
+    let pid = frozen.id().expect("running").to_string();
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pid}");
+    };
+    blocking(|| signal("-STOP"));
+    let stopped = Instant::now();
+    // Its lease (1 s, raised by the server to its minimum) runs out while it is frozen.
+    let took = wait_until_released(
+        etcd.cluster(),
+        key,
+        &p_kv,
+        Duration::from_secs(8),
+        "lease of a frozen waiter",
+    )
+    .await;
+    println!(
+        "frozen waiter's key and lease gone {took:?} after SIGSTOP ({:?})",
+        stopped.elapsed()
+    );
+
+    // B queues behind A and takes the lock when A releases.
+    let waiter_b = tokio::spawn(async move {
+        b.lock(key)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .expect("B acquires")
+    });
+    wait_for_queue(etcd.cluster(), key, 2, Duration::from_secs(2)).await;
+    guard_a.release().await.expect("A releases");
+    let guard_b = tokio::time::timeout(Duration::from_secs(5), waiter_b)
+        .await
+        .expect("B gets the lock")
+        .expect("B's task");
+    let b_kv = only_holder(etcd.cluster(), key);
+    assert_eq!(
+        guard_b.fence().map(|f| f as i64),
+        Some(b_kv.create_revision)
+    );
+
+    blocking(|| signal("-CONT"));
+    // While B holds, the resumed process must not claim the lock: it either fails, or queues
+    // again (a fresh key, behind B) and keeps waiting.
+    let mut stdout = tokio::io::BufReader::new(frozen.stdout.take().expect("piped stdout")).lines();
+    match tokio::time::timeout(Duration::from_secs(3), stdout.next_line()).await {
+        Ok(line) => {
+            let line = line.expect("read the waiter's stdout");
+            assert!(
+                !line.as_deref().is_some_and(|l| l.starts_with("acquired")),
+                "the resumed waiter reported the lock acquired while B held it: {line:?}"
+            );
+            let status = tokio::time::timeout(Duration::from_secs(5), frozen.wait())
+                .await
+                .expect("the waiter exits after closing its stdout")
+                .expect("wait for dlock-holder");
+            let mut stderr = String::new();
+            frozen
+                .stderr
+                .take()
+                .expect("piped stderr")
+                .read_to_string(&mut stderr)
+                .await
+                .expect("read stderr");
+            println!("the resumed waiter gave up: {status}, stdout {line:?}, stderr {stderr:?}");
+            assert!(!status.success(), "{status}");
+            assert!(!guard_b.is_lost());
+            assert_eq!(only_holder(etcd.cluster(), key).key, b_kv.key);
+            guard_b.release().await.expect("B releases");
+        }
+        Err(_) => {
+            let kvs = queue(etcd.cluster(), key);
+            assert_eq!(
+                kvs.len(),
+                2,
+                "B and the resumed waiter's new key: {:?}",
+                names(&kvs)
+            );
+            assert_eq!(kvs[0].key, b_kv.key, "B stays first in line");
+            assert_ne!(kvs[1].key, p_kv.key, "the expired key is not back");
+            let requeued = kvs[1].clone();
+            assert!(!guard_b.is_lost());
+            let released = Instant::now();
+            guard_b.release().await.expect("B releases");
+            let line = tokio::time::timeout(Duration::from_secs(5), stdout.next_line())
+                .await
+                .expect("the re-queued waiter gets the lock after B released")
+                .expect("read the waiter's stdout");
+            println!(
+                "the resumed waiter queued again behind B and printed {line:?} {:?} after B \
+                 released",
+                released.elapsed()
+            );
+            assert_eq!(
+                line,
+                Some(format!("acquired {}", requeued.create_revision)),
+                "the re-queued waiter's fence is its new key's create revision"
+            );
+            frozen.start_kill().expect("kill dlock-holder");
+            let _ = frozen.wait().await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad endpoints and URLs
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_endpoints_are_backend_errors_within_the_timeout() {
+    let timeout = Duration::from_secs(1);
+    let bound = Duration::from_secs(3);
+
+    // Nothing listens on port 1.
+    let start = Instant::now();
+    let err = Runtime::builder()
+        .etcd(["http://127.0.0.1:1"])
+        .timeout(timeout)
+        .build()
+        .await
+        .expect_err("nothing listens on 127.0.0.1:1");
+    let took = start.elapsed();
+    println!("builder on 127.0.0.1:1: {took:?}: {err}");
+    assert!(err.is_backend(), "expected Backend, got {err:?}");
+    assert!(took < bound, "took {took:?}");
+
+    let start = Instant::now();
+    let err = Runtime::from_url("etcd://127.0.0.1:1?timeout=1s")
+        .await
+        .expect_err("nothing listens on 127.0.0.1:1");
+    let took = start.elapsed();
+    println!("etcd://127.0.0.1:1?timeout=1s: {took:?}: {err}");
+    assert!(err.is_backend(), "expected Backend, got {err:?}");
+    assert!(took < bound, "took {took:?}");
+
+    // A frozen server accepts connections but never answers.
+    let mut etcd = EtcdServer::start();
+    let rt = Runtime::builder()
+        .etcd(etcd.endpoints())
+        .timeout(timeout)
+        .build()
+        .await
+        .expect("build while the server answers");
+    blocking(|| etcd.pause());
+    let start = Instant::now();
+    let err = Runtime::builder()
+        .etcd(etcd.endpoints())
+        .timeout(timeout)
+        .build()
+        .await
+        .expect_err("a frozen server");
+    let took = start.elapsed();
+    println!("builder on a frozen server: {took:?}: {err}");
+    assert!(err.is_backend(), "expected Backend, got {err:?}");
+    assert!(took < bound, "took {took:?}");
+    // A runtime built before the freeze: acquiring is a Backend error, not a hang, and the
+    // body never runs.
+    let ran = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        with_lock(
+            rt.lock("etcd:frozen").wait(Duration::from_millis(500)),
+            async { ran.store(true, Ordering::SeqCst) },
+        ),
+    )
+    .await
+    .expect("acquire on a frozen server must not hang");
+    let took = start.elapsed();
+    println!("with_lock on a frozen server: {took:?}: {result:?}");
+    assert!(
+        matches!(&result, Err(e) if e.is_backend()),
+        "expected Backend, got {result:?}"
+    );
+    assert!(!ran.load(Ordering::SeqCst), "the body ran without the lock");
+    assert!(took < bound, "took {took:?}");
+    blocking(|| etcd.resume());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_etcd_urls_and_options_are_invalid_config() {
+    for bad in [
+        "etcd://",
+        "etcd://127.0.0.1:1?bogus=1",
+        "etcd://127.0.0.1:1,,127.0.0.1:2",
+        "etcd://127.0.0.1:1?timeout=soon",
+        "etcd://127.0.0.1:1?lease=0s",
+    ] {
+        let start = Instant::now();
+        let err = Runtime::from_url(bad).await.expect_err(bad);
+        println!("{bad}: {err}");
+        assert!(
+            err.is_invalid_config(),
+            "{bad}: expected InvalidConfig, got {err:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{bad}: not at once"
+        );
+    }
+    let err = Runtime::builder()
+        .etcd(Vec::<String>::new())
+        .build()
+        .await
+        .expect_err("no endpoints");
+    assert!(err.is_invalid_config(), "{err:?}");
+}
