@@ -448,7 +448,19 @@ impl RedisBackend {
         what: &str,
         fut: impl std::future::Future<Output = Result<T, RedisError>>,
     ) -> Result<T, LockError> {
-        match tokio::time::timeout(self.timeout, fut).await {
+        let answer = tokio::time::timeout(self.timeout, fut).await;
+        self.settle(key, what, answer)
+    }
+
+    /// Maps one bounded call's outcome: errors become `Backend` naming the key, and a timeout
+    /// (ours or the client's) is reported to the link (a stale cluster slot map).
+    fn settle<T>(
+        &self,
+        key: Option<&str>,
+        what: &str,
+        answer: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
+    ) -> Result<T, LockError> {
+        match answer {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
                 if e.is_timeout() {
@@ -558,17 +570,7 @@ impl RedisBackend {
                 fill(&mut cmd);
                 self.call(key, what, cmd.query_async(&mut conn)).await
             }
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                if e.is_timeout() {
-                    self.link.note_timeout();
-                }
-                Err(redis_error(key, what, e))
-            }
-            Err(_) => {
-                self.link.note_timeout();
-                Err(self.timed_out(key, what))
-            }
+            answer => self.settle(key, what, answer),
         }
     }
 

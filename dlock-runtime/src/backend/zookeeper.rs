@@ -146,23 +146,39 @@ impl ZooKeeperBackend {
         }
     }
 
+    /// `fut` bounded by the timeout: only a missing answer is an error here (`Backend`); the
+    /// engine's own answer is the caller's to read (e.g. `NoNode`).
+    async fn within<T>(
+        &self,
+        key: Option<&str>,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, ZkError>>,
+    ) -> Result<Result<T, ZkError>, LockError> {
+        tokio::time::timeout(self.timeout, fut).await.map_err(|_| {
+            LockError::backend(
+                key,
+                format!("{what}: no reply within {:?}", self.timeout),
+                None,
+            )
+        })
+    }
+
+    /// An engine error as `Backend`, opening a new session first if the old one expired.
+    async fn failed(&self, key: Option<&str>, what: &str, err: ZkError) -> LockError {
+        self.recover(&err).await;
+        zk_error(key, what, err)
+    }
+
+    /// `fut` bounded by the timeout, every error as `Backend`.
     async fn bounded<T>(
         &self,
         key: Option<&str>,
         what: &str,
         fut: impl std::future::Future<Output = Result<T, ZkError>>,
     ) -> Result<T, LockError> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                self.recover(&e).await;
-                Err(zk_error(key, what, e))
-            }
-            Err(_) => Err(LockError::backend(
-                key,
-                format!("{what}: no reply within {:?}", self.timeout),
-                None,
-            )),
+        match self.within(key, what, fut).await? {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.failed(key, what, e).await),
         }
     }
 
@@ -181,11 +197,11 @@ impl ZooKeeperBackend {
         // in flight when the acquire was cancelled) still finds it (Curator's "protected" mode).
         let node_prefix = format!("{parent}/lock-{owner}-");
         let created = client.create(&node_prefix, owner.as_bytes(), &ephemeral);
-        let (stat, seq) = match tokio::time::timeout(self.timeout, created).await {
-            Ok(Ok(done)) => done,
+        let (stat, seq) = match self.within(Some(key), "queueing failed", created).await? {
+            Ok(done) => done,
             // No parent yet (first use, or the server removed the empty container): create
             // the container parents, then the node. The common case is one call.
-            Ok(Err(ZkError::NoNode)) => {
+            Err(ZkError::NoNode) => {
                 self.bounded(
                     Some(key),
                     "queueing failed",
@@ -199,17 +215,7 @@ impl ZooKeeperBackend {
                 )
                 .await?
             }
-            Ok(Err(e)) => {
-                self.recover(&e).await;
-                return Err(zk_error(Some(key), "queueing failed", e));
-            }
-            Err(_) => {
-                return Err(LockError::backend(
-                    Some(key),
-                    format!("queueing failed: no reply within {:?}", self.timeout),
-                    None,
-                ));
-            }
+            Err(e) => return Err(self.failed(Some(key), "queueing failed", e).await),
         };
         let my_seq = seq.into_i64();
         let my_node = format!("{node_prefix}{seq}");
@@ -365,31 +371,25 @@ impl Backend for ZooKeeperBackend {
                     Released::NotOwner
                 });
             };
-            let deleted = tokio::time::timeout(self.timeout, client.delete(&node, None)).await;
+            let deleted = self
+                .within(Some(key), "release failed", client.delete(&node, None))
+                .await?;
             match deleted {
-                Ok(Ok(())) => {
+                Ok(()) => {
                     self.contenders().remove(owner);
                     Ok(Released::Freed)
                 }
                 // Gone already, or its session expired (ephemeral nodes go with it).
-                Ok(Err(ZkError::NoNode)) => {
+                Err(ZkError::NoNode) => {
                     self.contenders().remove(owner);
                     Ok(Released::NotOwner)
                 }
-                Ok(Err(e @ (ZkError::SessionExpired | ZkError::ClientClosed))) => {
+                Err(e @ (ZkError::SessionExpired | ZkError::ClientClosed)) => {
                     self.contenders().remove(owner);
                     self.recover(&e).await;
                     Ok(Released::NotOwner)
                 }
-                Ok(Err(e)) => {
-                    self.recover(&e).await;
-                    Err(zk_error(Some(key), "release failed", e))
-                }
-                Err(_) => Err(LockError::backend(
-                    Some(key),
-                    format!("release failed: no reply within {:?}", self.timeout),
-                    None,
-                )),
+                Err(e) => Err(self.failed(Some(key), "release failed", e).await),
             }
         })
     }
@@ -398,19 +398,18 @@ impl Backend for ZooKeeperBackend {
         Box::pin(async move {
             let client = self.client();
             let parent = self.parent(key);
-            let children =
-                match tokio::time::timeout(self.timeout, client.list_children(&parent)).await {
-                    Ok(Ok(children)) => children,
-                    Ok(Err(ZkError::NoNode)) => return Ok(false),
-                    Ok(Err(e)) => return Err(zk_error(Some(key), "force unlock failed", e)),
-                    Err(_) => {
-                        return Err(LockError::backend(
-                            Some(key),
-                            "force unlock timed out",
-                            None,
-                        ));
-                    }
-                };
+            let listed = self
+                .within(
+                    Some(key),
+                    "force unlock failed",
+                    client.list_children(&parent),
+                )
+                .await?;
+            let children = match listed {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => return Ok(false),
+                Err(e) => return Err(self.failed(Some(key), "force unlock failed", e).await),
+            };
             let Some(first) = children
                 .iter()
                 .filter_map(|n| sequence(n).map(|s| (s, n)))
@@ -429,12 +428,14 @@ impl Backend for ZooKeeperBackend {
     fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
             let client = self.client();
-            match tokio::time::timeout(self.timeout, client.list_children(&self.parent(key))).await
+            let parent = self.parent(key);
+            match self
+                .within(Some(key), "lookup failed", client.list_children(&parent))
+                .await?
             {
-                Ok(Ok(children)) => Ok(children.iter().any(|c| sequence(c).is_some())),
-                Ok(Err(ZkError::NoNode)) => Ok(false),
-                Ok(Err(e)) => Err(zk_error(Some(key), "lookup failed", e)),
-                Err(_) => Err(LockError::backend(Some(key), "lookup timed out", None)),
+                Ok(children) => Ok(children.iter().any(|c| sequence(c).is_some())),
+                Err(ZkError::NoNode) => Ok(false),
+                Err(e) => Err(self.failed(Some(key), "lookup failed", e).await),
             }
         })
     }

@@ -575,40 +575,43 @@ mod cp {
         Ok((proc, connect))
     }
 
-    pub(super) async fn rows(redis_url: &str, scale: usize) -> Result<Vec<Row>, BoxError> {
-        let mut rows = Vec::new();
-        let n = 200 * scale;
-
-        let (_etcd, endpoint) = start_etcd().await?;
-        let etcd_rt = Runtime::builder().etcd([endpoint.as_str()]).build().await?;
-        let mut raw = etcd_client::Client::connect([endpoint.as_str()], None).await?;
-        lock_pairs_sequential(&etcd_rt, 50).await?;
+    /// Sequential acquire + release of `rt` against `raw_pair` (the engine's own round trips),
+    /// in interleaved rounds, and the hot-key handoff against the same baseline.
+    async fn engine_rows(
+        name: &str,
+        rt: Runtime,
+        raw_label: &str,
+        mut raw_pair: impl AsyncFnMut() -> Result<(), BoxError>,
+        redis_url: &str,
+        scale: usize,
+    ) -> Result<Vec<Row>, BoxError> {
+        lock_pairs_sequential(&rt, 50).await?;
         let (mut base, mut ours) = (Vec::new(), Vec::new());
-        for _ in 0..n / 50 {
+        for _ in 0..4 * scale {
             for _ in 0..50 {
                 let t = Instant::now();
-                raw.put("bench-raw", "x", None).await?;
-                raw.delete("bench-raw", None).await?;
+                raw_pair().await?;
                 base.push(t.elapsed());
             }
-            ours.extend(lock_pairs_sequential(&etcd_rt, 50).await?);
+            ours.extend(lock_pairs_sequential(&rt, 50).await?);
         }
         base.sort();
         ours.sort();
         let (b50, o50) = (percentile(&base, 0.5), percentile(&ours, 0.5));
-        rows.push(row(
-            "etcd: sequential acquire+release, p50",
+        let baseline = format!("{} ({raw_label})", us(b50));
+        let mut rows = vec![row(
+            &format!("{name}: sequential acquire+release, p50"),
             us(o50),
-            format!("{} (raw put + delete)", us(b50)),
+            baseline.clone(),
             format!("{:.2}x", o50.as_secs_f64() / b50.as_secs_f64()),
             "",
-        ));
-        let hot = hot_key(etcd_rt, redis_url, 16, 100 * scale as u64).await?;
+        )];
+        let hot = hot_key(rt, redis_url, 16, 100 * scale as u64).await?;
         let h50 = percentile(&hot.handoff, 0.5);
         rows.push(row(
-            "etcd: hot key handoff, p50 (16 tasks)",
+            &format!("{name}: hot key handoff, p50 (16 tasks)"),
             us(h50),
-            format!("{} (raw put + delete)", us(b50)),
+            baseline,
             format!(
                 "{:.2}x{}",
                 h50.as_secs_f64() / b50.as_secs_f64(),
@@ -616,49 +619,50 @@ mod cp {
             ),
             "",
         ));
+        Ok(rows)
+    }
+
+    pub(super) async fn rows(redis_url: &str, scale: usize) -> Result<Vec<Row>, BoxError> {
+        let (_etcd, endpoint) = start_etcd().await?;
+        let etcd_rt = Runtime::builder().etcd([endpoint.as_str()]).build().await?;
+        let mut etcd = etcd_client::Client::connect([endpoint.as_str()], None).await?;
+        let mut rows = engine_rows(
+            "etcd",
+            etcd_rt,
+            "raw put + delete",
+            async || {
+                etcd.put("bench-raw", "x", None).await?;
+                etcd.delete("bench-raw", None).await?;
+                Ok(())
+            },
+            redis_url,
+            scale,
+        )
+        .await?;
 
         let (_zk, connect) = start_zookeeper().await?;
         let zk_rt = Runtime::builder()
             .zookeeper(connect.as_str())
             .build()
             .await?;
-        let raw = zookeeper_client::Client::connect(&connect).await?;
+        let zk = zookeeper_client::Client::connect(&connect).await?;
         let persistent = zookeeper_client::CreateMode::Persistent
             .with_acls(zookeeper_client::Acls::anyone_all());
-        lock_pairs_sequential(&zk_rt, 50).await?;
-        let (mut base, mut ours) = (Vec::new(), Vec::new());
-        for _ in 0..n / 50 {
-            for _ in 0..50 {
-                let t = Instant::now();
-                raw.create("/bench-raw", b"x", &persistent).await?;
-                raw.delete("/bench-raw", None).await?;
-                base.push(t.elapsed());
-            }
-            ours.extend(lock_pairs_sequential(&zk_rt, 50).await?);
-        }
-        base.sort();
-        ours.sort();
-        let (b50, o50) = (percentile(&base, 0.5), percentile(&ours, 0.5));
-        rows.push(row(
-            "ZooKeeper: sequential acquire+release, p50",
-            us(o50),
-            format!("{} (raw create + delete)", us(b50)),
-            format!("{:.2}x", o50.as_secs_f64() / b50.as_secs_f64()),
-            "",
-        ));
-        let hot = hot_key(zk_rt, redis_url, 16, 100 * scale as u64).await?;
-        let h50 = percentile(&hot.handoff, 0.5);
-        rows.push(row(
-            "ZooKeeper: hot key handoff, p50 (16 tasks)",
-            us(h50),
-            format!("{} (raw create + delete)", us(b50)),
-            format!(
-                "{:.2}x{}",
-                h50.as_secs_f64() / b50.as_secs_f64(),
-                if hot.exact { "" } else { "; COUNTER WRONG" }
-            ),
-            "",
-        ));
+        rows.extend(
+            engine_rows(
+                "ZooKeeper",
+                zk_rt,
+                "raw create + delete",
+                async || {
+                    zk.create("/bench-raw", b"x", &persistent).await?;
+                    zk.delete("/bench-raw", None).await?;
+                    Ok(())
+                },
+                redis_url,
+                scale,
+            )
+            .await?,
+        );
         Ok(rows)
     }
 }
