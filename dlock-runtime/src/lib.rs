@@ -20,6 +20,8 @@ mod watchdog;
 
 #[doc(hidden)]
 pub mod __private;
+#[doc(hidden)]
+pub mod testing;
 
 #[cfg(feature = "macros")]
 pub use dlock_macros::distributed_lock;

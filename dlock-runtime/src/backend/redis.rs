@@ -209,7 +209,7 @@ impl Link {
 
 /// The hash slot of a key (CRC16/XMODEM of its hash tag, mod 16384), as Redis Cluster computes
 /// it: renewals are batched per slot there.
-fn hash_slot(key: &[u8]) -> u16 {
+pub(crate) fn hash_slot(key: &[u8]) -> u16 {
     let tagged = key
         .iter()
         .position(|&b| b == b'{')

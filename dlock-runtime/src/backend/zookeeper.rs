@@ -41,7 +41,7 @@ fn zk_error(key: Option<&str>, what: &str, err: ZkError) -> LockError {
 /// (controls, U+007F-U+009F, U+E000-U+F8FF, U+FFF0-U+FFFF, and everything outside the Basic
 /// Multilingual Plane, which Java sees as surrogates) percent-encoded as UTF-8; the names `.`
 /// and `..` avoided.
-fn escape(key: &str) -> String {
+pub(crate) fn escape(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
     for c in key.chars() {
         let code = u32::from(c);
