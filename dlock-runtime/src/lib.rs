@@ -1,19 +1,26 @@
-#![doc = include_str!("../../README.md")]
+#![doc = include_str!("../README.md")]
 //!
 //! # Features
 //!
 //! - `macros` (default): re-exports the [`distributed_lock`] attribute.
-//! - `redis` (default): the Redis engine (`redis://`).
-//! - `tls`: `rediss://` (TLS through rustls).
+//! - `redis` (default): the Redis engines (`redis://`, `redis+cluster://`, `redlock://`).
+//! - `tls`: `rediss://` (TLS through rustls, server certificates verified).
 //! - `etcd`: the etcd engine (`etcd://`); its client's build needs `protoc`.
 //! - `zookeeper`: the ZooKeeper engine (`zk://`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
 mod backend;
+mod builder;
+mod chain;
+mod core;
 mod duration;
+mod engines;
 mod error;
 mod guard;
+mod held;
 mod lock;
+mod lost;
 mod runtime;
 mod wait;
 mod watchdog;
@@ -23,12 +30,16 @@ pub mod __private;
 #[doc(hidden)]
 pub mod testing;
 
+#[cfg(feature = "redis")]
+pub use backend::redlock::config::DEFAULT_NODE_TIMEOUT;
+#[cfg(feature = "zookeeper")]
+pub use backend::zookeeper::config::DEFAULT_SESSION_TIMEOUT;
+pub use builder::RuntimeBuilder;
+pub use chain::current_fence;
+pub use core::MAX_LEASE;
 #[cfg(feature = "macros")]
 pub use dlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
-pub use lock::{LockBuilder, OnLost, current_fence, lock, with_lock};
-pub use runtime::{
-    DEFAULT_LEASE, DEFAULT_NODE_TIMEOUT, DEFAULT_PREFIX, DEFAULT_SESSION_TIMEOUT, DEFAULT_TIMEOUT,
-    MAX_LEASE, Runtime, RuntimeBuilder,
-};
+pub use lock::{LockBuilder, OnLost, lock, with_lock};
+pub use runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Runtime};

@@ -10,5 +10,21 @@ pub fn hash_slot(key: &[u8]) -> u16 {
 /// A user key as the one ZooKeeper path segment the engine stores it under.
 #[cfg(feature = "zookeeper")]
 pub fn zookeeper_segment(key: &str) -> String {
-    crate::backend::zookeeper::escape(key)
+    crate::backend::zookeeper::path_segment(key)
+}
+
+/// The Lua scripts of the Redis engine, as the engine sends them (for tests of the scripts
+/// themselves and for the benchmark's raw-script baseline).
+#[cfg(feature = "redis")]
+pub mod scripts {
+    use crate::backend::redis::script;
+
+    /// `acquire.lua`.
+    pub const ACQUIRE: &str = script::ACQUIRE_LUA;
+    /// `renew.lua`.
+    pub const RENEW: &str = script::RENEW_LUA;
+    /// `release.lua`.
+    pub const RELEASE: &str = script::RELEASE_LUA;
+    /// `force_unlock.lua`.
+    pub const FORCE_UNLOCK: &str = script::FORCE_UNLOCK_LUA;
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::LockError;
-use crate::backend::Backend;
+use crate::backend::{DynBackend, Wakeups};
 
 /// The local queue of one key.
 #[derive(Debug)]
@@ -144,7 +144,7 @@ impl WaitHub {
 
     /// Applies subscription changes in order. Runs as a task until the hub is dropped; holds the
     /// backend weakly so the runtime's drop ends it.
-    pub(crate) async fn run_subscriptions(mut ops: SubscriptionOps, backend: Weak<dyn Backend>) {
+    pub(crate) async fn run_subscriptions(mut ops: SubscriptionOps, backend: Weak<dyn DynBackend>) {
         let mut counts: HashMap<String, usize> = HashMap::new();
         while let Some(op) = ops.0.recv().await {
             let Some(backend) = backend.upgrade() else {
@@ -186,6 +186,16 @@ impl WaitHub {
                 }
             }
         }
+    }
+}
+
+impl Wakeups for WaitHub {
+    fn wake(&self, key: &str) {
+        WaitHub::wake(self, key);
+    }
+
+    fn wake_all(&self) {
+        WaitHub::wake_all(self);
     }
 }
 

@@ -11,86 +11,15 @@
 //! With `watchdog(false)` an entry is never renewed: its validity is the hard cap.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{Backend, Renewal};
-
-/// Resolves the holders of one lock once its lease is known lost.
-/// The lease state of one held lock, shared by its guards and the watchdog: the lost signal
-/// and the confirmed validity.
-#[derive(Debug)]
-pub(crate) struct LostSignal {
-    lost: AtomicBool,
-    notify: Arc<Notify>,
-    /// Reference point for `valid_nanos`.
-    base: Instant,
-    /// Confirmed validity, as nanoseconds after `base`.
-    valid_nanos: AtomicU64,
-}
-
-impl Default for LostSignal {
-    fn default() -> Self {
-        Self {
-            lost: AtomicBool::new(false),
-            notify: Arc::default(),
-            base: Instant::now(),
-            valid_nanos: AtomicU64::new(0),
-        }
-    }
-}
-
-impl LostSignal {
-    fn set_valid_until(&self, until: Instant) {
-        let nanos = until.saturating_duration_since(self.base).as_nanos();
-        self.valid_nanos
-            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Release);
-    }
-
-    /// How long the lock stays ours if no renewal succeeds from now on (zero once lost).
-    pub(crate) fn valid_for(&self) -> Duration {
-        if self.is_lost() {
-            return Duration::ZERO;
-        }
-        let until = self.base + Duration::from_nanos(self.valid_nanos.load(Ordering::Acquire));
-        until.saturating_duration_since(Instant::now())
-    }
-
-    pub(crate) fn fire(&self) {
-        self.lost.store(true, Ordering::Release);
-        self.notify.notify_waiters();
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-    }
-
-    /// A registered waiter that resolves at the next `fire` (check [`is_lost`] after
-    /// registering to close the race with an earlier one).
-    ///
-    /// [`is_lost`]: LostSignal::is_lost
-    pub(crate) fn watch(&self) -> std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>> {
-        let mut notified = Box::pin(self.notify.clone().notified_owned());
-        notified.as_mut().enable();
-        notified
-    }
-
-    pub(crate) async fn wait(&self) {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_lost() {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
+use crate::backend::{DynBackend, Renewal};
+pub(crate) use crate::lost::LostSignal;
 
 #[derive(Debug)]
 struct Entry {
@@ -285,7 +214,7 @@ impl Watchdog {
     }
 
     /// The scheduler loop. Holds the backend weakly: the runtime's drop ends it.
-    pub(crate) async fn run(self: Arc<Self>, backend: Weak<dyn Backend>, batch_limit: usize) {
+    pub(crate) async fn run(self: Arc<Self>, backend: Weak<dyn DynBackend>, batch_limit: usize) {
         loop {
             if self.closed.load(Ordering::Acquire) {
                 return;
@@ -338,11 +267,11 @@ impl Watchdog {
 mod tests {
     use super::*;
     use crate::backend::memory::MemoryBackend;
-    use crate::backend::{Attempt, Backend};
+    use crate::backend::{Attempt, Backend, DynBackend};
 
-    async fn setup() -> (Arc<Watchdog>, Arc<dyn Backend>) {
+    async fn setup() -> (Arc<Watchdog>, Arc<dyn DynBackend>) {
         let wd = Arc::new(Watchdog::default());
-        let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+        let backend: Arc<dyn DynBackend> = Arc::new(MemoryBackend::new());
         let weak = Arc::downgrade(&backend);
         tokio::spawn(wd.clone().run(weak, 512));
         (wd, backend)
@@ -396,57 +325,37 @@ mod tests {
     }
 
     impl Backend for Counting {
-        fn try_acquire<'a>(
-            &'a self,
-            key: &'a str,
-            owner: &'a str,
+        async fn try_acquire(
+            &self,
+            key: &str,
+            owner: &str,
             lease: Duration,
-        ) -> crate::backend::BoxFuture<'a, Result<Attempt, crate::LockError>> {
-            self.inner.try_acquire(key, owner, lease)
+        ) -> Result<Attempt, crate::LockError> {
+            Backend::try_acquire(&self.inner, key, owner, lease).await
         }
-        fn renew<'a>(
-            &'a self,
-            batch: &'a [Renewal],
-        ) -> crate::backend::BoxFuture<'a, Result<Vec<Option<bool>>, crate::LockError>> {
+
+        async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, crate::LockError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.fail.load(Ordering::SeqCst) {
-                return Box::pin(async {
-                    Err(crate::LockError::backend(None, "unreachable", None))
-                });
+                return Err(crate::LockError::backend(None, "unreachable", None));
             }
-            self.inner.renew(batch)
+            Backend::renew(&self.inner, batch).await
         }
-        fn release<'a>(
-            &'a self,
-            key: &'a str,
-            owner: &'a str,
-        ) -> crate::backend::BoxFuture<'a, Result<crate::backend::Released, crate::LockError>>
-        {
-            self.inner.release(key, owner)
+
+        async fn release(
+            &self,
+            key: &str,
+            owner: &str,
+        ) -> Result<crate::backend::Released, crate::LockError> {
+            Backend::release(&self.inner, key, owner).await
         }
-        fn force_unlock<'a>(
-            &'a self,
-            key: &'a str,
-        ) -> crate::backend::BoxFuture<'a, Result<bool, crate::LockError>> {
-            self.inner.force_unlock(key)
+
+        async fn force_unlock(&self, key: &str) -> Result<bool, crate::LockError> {
+            Backend::force_unlock(&self.inner, key).await
         }
-        fn is_locked<'a>(
-            &'a self,
-            key: &'a str,
-        ) -> crate::backend::BoxFuture<'a, Result<bool, crate::LockError>> {
-            self.inner.is_locked(key)
-        }
-        fn watch<'a>(
-            &'a self,
-            key: &'a str,
-        ) -> crate::backend::BoxFuture<'a, Result<(), crate::LockError>> {
-            self.inner.watch(key)
-        }
-        fn unwatch<'a>(
-            &'a self,
-            key: &'a str,
-        ) -> crate::backend::BoxFuture<'a, Result<(), crate::LockError>> {
-            self.inner.unwatch(key)
+
+        async fn is_locked(&self, key: &str) -> Result<bool, crate::LockError> {
+            Backend::is_locked(&self.inner, key).await
         }
     }
 
@@ -458,7 +367,7 @@ mod tests {
             calls: Default::default(),
             fail: AtomicBool::new(false),
         });
-        let backend: Arc<dyn Backend> = counting.clone();
+        let backend: Arc<dyn DynBackend> = counting.clone();
         tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
         let lease = Duration::from_secs(3);
         // 1,000 locks acquired evenly over one second (one every millisecond).
@@ -497,7 +406,7 @@ mod tests {
             calls: Default::default(),
             fail: AtomicBool::new(false),
         });
-        let backend: Arc<dyn Backend> = failing.clone();
+        let backend: Arc<dyn DynBackend> = failing.clone();
         tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
         let lease = Duration::from_secs(3);
         backend.try_acquire("k", "a", lease).await.ok();

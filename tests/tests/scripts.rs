@@ -5,9 +5,7 @@
 use dlock_tests::{RedisServer, fence_key, lock_key, released_channel};
 use redis::Script;
 
-const ACQUIRE: &str = include_str!("../../dlock-runtime/src/backend/lua/acquire.lua");
-const RELEASE: &str = include_str!("../../dlock-runtime/src/backend/lua/release.lua");
-const RENEW: &str = include_str!("../../dlock-runtime/src/backend/lua/renew.lua");
+use dlock_runtime::testing::scripts::{ACQUIRE, RELEASE, RENEW};
 
 const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";

@@ -3,9 +3,16 @@
 //! A backend does one attempt per call and never sleeps: try-acquire, renew, release, and
 //! "tell the runtime when this key may be free". Deadlines, retries, renewal timing,
 //! reentrancy and cleanup belong to the runtime (deadpool's split between manager and pool).
+//!
+//! Engines implement [`Backend`] with plain `async fn`s (static types, no boxing inside an
+//! engine); the runtime erases the type once, through [`DynBackend`], so that a `Runtime` can be
+//! stored in a global. Each engine folder also owns its configuration ([`EngineConfig`]): URL
+//! scheme, options, validation and messages.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::LockError;
@@ -17,11 +24,11 @@ pub(crate) mod memory;
 pub(crate) mod redis;
 #[cfg(feature = "redis")]
 pub(crate) mod redlock;
+pub(crate) mod url;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
 
-/// A boxed, `Send` future borrowed from the backend: the runtime erases the type once here so
-/// that a `Runtime` can be stored in a global.
+/// A boxed, `Send` future borrowed from the backend.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The answer to one acquire attempt.
@@ -52,66 +59,149 @@ pub(crate) enum Released {
     NotOwner,
 }
 
-/// One engine.
+/// Where an engine delivers "this key may be free now" (the runtime's wait hub). Engines that
+/// notify (Redis pub/sub) call it from their connection's push handler.
+pub(crate) trait Wakeups: Send + Sync + 'static {
+    /// `key` may be free: wake its local head waiter.
+    fn wake(&self, key: &str);
+    /// Notifications may have been missed (a reconnect): every local waiter looks again.
+    fn wake_all(&self);
+}
+
+/// What the runtime hands an engine when it connects.
+#[derive(Clone)]
+pub(crate) struct Context {
+    /// Prefix of every engine key (`"dlock:"`).
+    pub(crate) prefix: String,
+    /// This runtime's random id: names its own release messages.
+    pub(crate) origin: String,
+    /// Bound on connecting and on each engine call.
+    pub(crate) timeout: Duration,
+    /// Where release notifications go.
+    pub(crate) wakeups: Arc<dyn Wakeups>,
+}
+
+/// One option value: text from a URL query, or a typed value from the builder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Setting<'a> {
+    Text(&'a str),
+    Duration(Duration),
+}
+
+impl Setting<'_> {
+    /// The value as a duration (`250ms`, `30s`, `2m`, `1h` when text).
+    pub(crate) fn duration(self, name: &str) -> Result<Duration, LockError> {
+        match self {
+            Self::Duration(d) => Ok(d),
+            Self::Text(text) => crate::duration::parse(text).ok_or_else(|| {
+                LockError::config(format!(
+                    "invalid duration `{text}` for `{name}`: expected e.g. 250ms, 30s, 2m, 1h"
+                ))
+            }),
+        }
+    }
+
+    /// A duration option that must be positive.
+    pub(crate) fn positive_duration(self, name: &str) -> Result<Duration, LockError> {
+        let d = self.duration(name)?;
+        if d.is_zero() {
+            return Err(LockError::config(format!(
+                "{name} must be greater than zero"
+            )));
+        }
+        Ok(d)
+    }
+}
+
+/// An engine's settings before it connects: made from a URL or by the builder, then given the
+/// options addressed to the engine. `Debug` never shows a secret.
+pub(crate) trait EngineConfig: fmt::Debug + Send + Sync + 'static {
+    /// The engine's name (`"redis"`, `"etcd"`, ...), as [`crate::Runtime::engine`] reports it.
+    fn name(&self) -> &'static str;
+
+    /// Applies one engine option; `Ok(false)` when the engine has no option of that name.
+    fn set(&mut self, name: &str, value: Setting<'_>) -> Result<bool, LockError>;
+
+    /// The engine's option names, for error messages.
+    fn options(&self) -> &'static [&'static str];
+
+    /// A copy (the builder is `Clone`).
+    fn clone_box(&self) -> Box<dyn EngineConfig>;
+
+    /// Connects (bounded by `ctx.timeout`).
+    fn connect(
+        self: Box<Self>,
+        ctx: Context,
+    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>>;
+}
+
+/// One engine: single attempts, no sleeping, no policy.
 pub(crate) trait Backend: Send + Sync + 'static {
     /// One acquire attempt for `owner`, writing `lease` as the TTL.
-    fn try_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
+    fn try_acquire(
+        &self,
+        key: &str,
+        owner: &str,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
 
     /// Renews every lock in `batch` (owner-checked); one answer per item: `Some(true)`
     /// renewed, `Some(false)` no longer ours (lost), `None` not determined this time (retried,
     /// not a loss).
-    fn renew<'a>(
-        &'a self,
-        batch: &'a [Renewal],
-    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>>;
-
-    /// Engines with their own FIFO queue (etcd, ZooKeeper) wait there: one call that returns
-    /// `Acquired` when first in line, or `Busy` at `deadline` (having left the queue). `None`:
-    /// the runtime waits itself (local queue, notifications, retries of `try_acquire`).
-    fn acquire_queued<'a>(
-        &'a self,
-        _key: &'a str,
-        _owner: &'a str,
-        _lease: Duration,
-        _deadline: tokio::time::Instant,
-    ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>> {
-        None
-    }
+    fn renew(
+        &self,
+        batch: &[Renewal],
+    ) -> impl Future<Output = Result<Vec<Option<bool>>, LockError>> + Send;
 
     /// Owner-checked release of one hold.
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<Released, LockError>>;
+    fn release(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<Released, LockError>> + Send;
 
     /// Deletes the lock whoever holds it; `true` when there was one.
-    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
+    fn force_unlock(&self, key: &str) -> impl Future<Output = Result<bool, LockError>> + Send;
 
     /// Whether anybody holds the key now.
-    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
+    fn is_locked(&self, key: &str) -> impl Future<Output = Result<bool, LockError>> + Send;
 
-    /// Starts delivering "may be free" notifications for `key` to the runtime's wait hub.
-    /// Resolves once notifications flow (a release after this point is not missed).
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
-
-    /// Stops the notifications started by [`Backend::watch`].
-    fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
-
-    /// Rejects a lease the engine cannot honour (e.g. shorter than Redlock's allowances).
-    fn check_lease(&self, _lease: Duration) -> Result<(), LockError> {
-        Ok(())
+    /// Starts delivering "may be free" notifications for `key` to [`Context::wakeups`].
+    /// Resolves once notifications flow (a release after this point is not missed). Engines
+    /// without notifications (in-process, or queued) have nothing to do.
+    fn watch(&self, _key: &str) -> impl Future<Output = Result<(), LockError>> + Send {
+        async { Ok(()) }
     }
 
-    /// How much of a lease the runtime must not count on, for clock drift between the engine's
-    /// nodes and this process: the lock is valid until `sent + lease - clock_drift(lease)`.
-    fn clock_drift(&self, _lease: Duration) -> Duration {
-        Duration::ZERO
+    /// Stops the notifications started by [`Backend::watch`].
+    fn unwatch(&self, _key: &str) -> impl Future<Output = Result<(), LockError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Whether the engine waits in its own FIFO queue (etcd, ZooKeeper) through
+    /// [`Backend::acquire_queued`] instead of the runtime's local queue and notifications.
+    fn has_queue(&self) -> bool {
+        false
+    }
+
+    /// Queues for `key` in the engine: `Acquired` when first in line, or `Busy` at `deadline`
+    /// (having left the queue). Called only when [`Backend::has_queue`].
+    fn acquire_queued(
+        &self,
+        key: &str,
+        _owner: &str,
+        _lease: Duration,
+        _deadline: tokio::time::Instant,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send {
+        let err = LockError::backend(Some(key), "this engine has no queue", None);
+        async move { Err(err) }
+    }
+
+    /// How much of `lease` the runtime must not count on (clock drift between the engine's
+    /// nodes and this process: the lock is valid until `sent + lease - margin`), or why the
+    /// engine cannot honour such a lease.
+    fn lease_margin(&self, _lease: Duration) -> Result<Duration, LockError> {
+        Ok(Duration::ZERO)
     }
 
     /// Renewals of keys with different partitions never share a call (Cluster: the hash slot,
@@ -123,5 +213,108 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Renewal batch size the engine handles in one call.
     fn renew_batch_limit(&self) -> usize {
         512
+    }
+}
+
+/// [`Backend`] with its futures boxed: the one place the engine's type is erased.
+pub(crate) trait DynBackend: Send + Sync + 'static {
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
+    fn renew<'a>(
+        &'a self,
+        batch: &'a [Renewal],
+    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>>;
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>>;
+    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
+    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
+    fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
+    /// `None` when the engine has no queue of its own (the runtime waits itself).
+    fn acquire_queued<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+        deadline: tokio::time::Instant,
+    ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>>;
+    fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError>;
+    fn renew_partition(&self, key: &str) -> u16;
+    fn renew_batch_limit(&self) -> usize;
+}
+
+impl<B: Backend> DynBackend for B {
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(Backend::try_acquire(self, key, owner, lease))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        batch: &'a [Renewal],
+    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
+        Box::pin(Backend::renew(self, batch))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(Backend::release(self, key, owner))
+    }
+
+    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(Backend::force_unlock(self, key))
+    }
+
+    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(Backend::is_locked(self, key))
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(Backend::watch(self, key))
+    }
+
+    fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(Backend::unwatch(self, key))
+    }
+
+    fn acquire_queued<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+        deadline: tokio::time::Instant,
+    ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>> {
+        if !self.has_queue() {
+            return None;
+        }
+        Some(Box::pin(Backend::acquire_queued(
+            self, key, owner, lease, deadline,
+        )))
+    }
+
+    fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
+        Backend::lease_margin(self, lease)
+    }
+
+    fn renew_partition(&self, key: &str) -> u16 {
+        Backend::renew_partition(self, key)
+    }
+
+    fn renew_batch_limit(&self) -> usize {
+        Backend::renew_batch_limit(self)
     }
 }

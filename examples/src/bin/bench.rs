@@ -196,12 +196,8 @@ async fn lock_pairs_sequential(rt: &Runtime, n: usize) -> Result<Vec<Duration>, 
 /// The runtime's own acquire and release scripts, issued raw (no runtime) by `tasks` tasks.
 async fn raw_pairs_parallel(url: &str, tasks: usize, per_task: usize) -> Result<f64, BoxError> {
     let conn = raw_conn(url).await?;
-    let acquire = Arc::new(redis::Script::new(include_str!(
-        "../../../dlock-runtime/src/backend/lua/acquire.lua"
-    )));
-    let release = Arc::new(redis::Script::new(include_str!(
-        "../../../dlock-runtime/src/backend/lua/release.lua"
-    )));
+    let acquire = Arc::new(redis::Script::new(dlock_runtime::testing::scripts::ACQUIRE));
+    let release = Arc::new(redis::Script::new(dlock_runtime::testing::scripts::RELEASE));
     let t = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for k in 0..tasks {

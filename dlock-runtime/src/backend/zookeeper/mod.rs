@@ -13,6 +13,11 @@
 //! expired (or a node deleted from outside) is a loss. After an expiry the client reconnects
 //! with a new session.
 
+pub(crate) mod config;
+mod path;
+
+pub(crate) use path::escape as path_segment;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
@@ -20,7 +25,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState};
 
-use super::{Attempt, Backend, BoxFuture, Released, Renewal};
+use self::path::{escape, sequence};
+use super::{Attempt, Backend, Context, Released, Renewal};
 use crate::LockError;
 
 pub(crate) struct ZooKeeperBackend {
@@ -37,49 +43,14 @@ fn zk_error(key: Option<&str>, what: &str, err: ZkError) -> LockError {
     LockError::backend(key, what, Some(Arc::new(err)))
 }
 
-/// A key as one path segment: `%`, `/`, and every character ZooKeeper rejects in a path
-/// (controls, U+007F-U+009F, U+E000-U+F8FF, U+FFF0-U+FFFF, and everything outside the Basic
-/// Multilingual Plane, which Java sees as surrogates) percent-encoded as UTF-8; the names `.`
-/// and `..` avoided.
-pub(crate) fn escape(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for c in key.chars() {
-        let code = u32::from(c);
-        let rejected = c == '%'
-            || c == '/'
-            || code < 0x20
-            || (0x7f..=0x9f).contains(&code)
-            || (0xe000..=0xf8ff).contains(&code)
-            || (0xfff0..=0xffff).contains(&code)
-            || code > 0xffff;
-        if rejected {
-            let mut buf = [0u8; 4];
-            for byte in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{byte:02X}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    match out.as_str() {
-        "" | "." | ".." => format!("%{out}"),
-        _ => out,
-    }
-}
-
-/// The sequence number at the end of a `lock-<owner>-<sequence>` node name.
-fn sequence(name: &str) -> Option<i64> {
-    name.strip_prefix("lock-")?.rsplit('-').next()?.parse().ok()
-}
-
 impl ZooKeeperBackend {
     /// Connects to `connect` (`host:port,host:port[/chroot]`).
     pub(crate) async fn connect(
         connect: &str,
-        prefix: &str,
         session_timeout: Duration,
-        timeout: Duration,
+        ctx: &Context,
     ) -> Result<Self, LockError> {
+        let (prefix, timeout) = (ctx.prefix.as_str(), ctx.timeout);
         let client = Self::new_session(connect, session_timeout, timeout).await?;
         let root = format!("/{}", escape(prefix.trim_end_matches(':')));
         Ok(Self {
@@ -284,203 +255,159 @@ impl ZooKeeperBackend {
 }
 
 impl Backend for ZooKeeperBackend {
-    fn try_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        _lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(self.queue(key, owner, Instant::now()))
+    fn has_queue(&self) -> bool {
+        // Waiting happens in ZooKeeper's own queue (`acquire_queued`), watching the
+        // predecessor.
+        true
     }
 
-    fn acquire_queued<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        _lease: Duration,
+    ) -> Result<Attempt, LockError> {
+        self.queue(key, owner, Instant::now()).await
+    }
+
+    async fn acquire_queued(
+        &self,
+        key: &str,
+        owner: &str,
         _lease: Duration,
         deadline: Instant,
-    ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>> {
-        Some(Box::pin(self.queue(key, owner, deadline)))
+    ) -> Result<Attempt, LockError> {
+        self.queue(key, owner, deadline).await
     }
 
-    fn renew<'a>(
-        &'a self,
-        batch: &'a [Renewal],
-    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
-        Box::pin(async move {
-            let client = self.client();
-            let state = client.state();
-            if matches!(state, SessionState::Expired | SessionState::Closed) {
-                // Every node of that session is gone: open a new session for what comes next.
-                self.recover(&ZkError::SessionExpired).await;
-            }
-            let mut out = Vec::with_capacity(batch.len());
-            for item in batch {
-                let Some(node) = self.contenders().get(&item.owner).cloned() else {
-                    out.push(Some(false));
-                    continue;
-                };
-                out.push(match state {
-                    SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
-                        Some(false)
+    async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
+        let client = self.client();
+        let state = client.state();
+        if matches!(state, SessionState::Expired | SessionState::Closed) {
+            // Every node of that session is gone: open a new session for what comes next.
+            self.recover(&ZkError::SessionExpired).await;
+        }
+        let mut out = Vec::with_capacity(batch.len());
+        for item in batch {
+            let Some(node) = self.contenders().get(&item.owner).cloned() else {
+                out.push(Some(false));
+                continue;
+            };
+            out.push(match state {
+                SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                    Some(false)
+                }
+                SessionState::Disconnected => None,
+                _ => match tokio::time::timeout(self.timeout, client.check_stat(&node)).await {
+                    Ok(Ok(Some(_))) => Some(true),
+                    Ok(Ok(None)) => Some(false),
+                    Ok(Err(e)) => {
+                        self.recover(&e).await;
+                        matches!(e, ZkError::SessionExpired).then_some(false)
                     }
-                    SessionState::Disconnected => None,
-                    _ => match tokio::time::timeout(self.timeout, client.check_stat(&node)).await {
-                        Ok(Ok(Some(_))) => Some(true),
-                        Ok(Ok(None)) => Some(false),
-                        Ok(Err(e)) => {
-                            self.recover(&e).await;
-                            matches!(e, ZkError::SessionExpired).then_some(false)
-                        }
-                        Err(_) => None,
-                    },
-                });
-            }
-            Ok(out)
-        })
+                    Err(_) => None,
+                },
+            });
+        }
+        Ok(out)
     }
 
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<Released, LockError>> {
-        Box::pin(async move {
-            let client = self.client();
-            let Some(node) = self.contenders().get(owner).cloned() else {
-                // No record: a create may have landed after its acquire was cancelled. Its name
-                // carries the owner token.
-                let parent = self.parent(key);
-                let Ok(Ok(children)) =
-                    tokio::time::timeout(self.timeout, client.list_children(&parent)).await
-                else {
-                    return Ok(Released::NotOwner);
-                };
-                let marker = format!("lock-{owner}-");
-                let mut freed = false;
-                for name in children.iter().filter(|n| n.starts_with(&marker)) {
-                    let node = format!("{parent}/{name}");
-                    freed |= matches!(
-                        tokio::time::timeout(self.timeout, client.delete(&node, None)).await,
-                        Ok(Ok(()))
-                    );
-                }
-                return Ok(if freed {
-                    Released::Freed
-                } else {
-                    Released::NotOwner
-                });
-            };
-            let deleted = self
-                .within(Some(key), "release failed", client.delete(&node, None))
-                .await?;
-            match deleted {
-                Ok(()) => {
-                    self.contenders().remove(owner);
-                    Ok(Released::Freed)
-                }
-                // Gone already, or its session expired (ephemeral nodes go with it).
-                Err(ZkError::NoNode) => {
-                    self.contenders().remove(owner);
-                    Ok(Released::NotOwner)
-                }
-                Err(e @ (ZkError::SessionExpired | ZkError::ClientClosed)) => {
-                    self.contenders().remove(owner);
-                    self.recover(&e).await;
-                    Ok(Released::NotOwner)
-                }
-                Err(e) => Err(self.failed(Some(key), "release failed", e).await),
-            }
-        })
-    }
-
-    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
-        Box::pin(async move {
-            let client = self.client();
+    async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
+        let client = self.client();
+        let Some(node) = self.contenders().get(owner).cloned() else {
+            // No record: a create may have landed after its acquire was cancelled. Its name
+            // carries the owner token.
             let parent = self.parent(key);
-            let listed = self
-                .within(
-                    Some(key),
-                    "force unlock failed",
-                    client.list_children(&parent),
-                )
-                .await?;
-            let children = match listed {
-                Ok(children) => children,
-                Err(ZkError::NoNode) => return Ok(false),
-                Err(e) => return Err(self.failed(Some(key), "force unlock failed", e).await),
-            };
-            let Some(first) = children
-                .iter()
-                .filter_map(|n| sequence(n).map(|s| (s, n)))
-                .min()
+            let Ok(Ok(children)) =
+                tokio::time::timeout(self.timeout, client.list_children(&parent)).await
             else {
-                return Ok(false);
+                return Ok(Released::NotOwner);
             };
-            let node = format!("{parent}/{}", first.1);
-            Ok(self
-                .bounded(Some(key), "force unlock failed", client.delete(&node, None))
-                .await
-                .is_ok())
-        })
-    }
-
-    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
-        Box::pin(async move {
-            let client = self.client();
-            let parent = self.parent(key);
-            match self
-                .within(Some(key), "lookup failed", client.list_children(&parent))
-                .await?
-            {
-                Ok(children) => Ok(children.iter().any(|c| sequence(c).is_some())),
-                Err(ZkError::NoNode) => Ok(false),
-                Err(e) => Err(self.failed(Some(key), "lookup failed", e).await),
+            let marker = format!("lock-{owner}-");
+            let mut freed = false;
+            for name in children.iter().filter(|n| n.starts_with(&marker)) {
+                let node = format!("{parent}/{name}");
+                freed |= matches!(
+                    tokio::time::timeout(self.timeout, client.delete(&node, None)).await,
+                    Ok(Ok(()))
+                );
             }
-        })
+            return Ok(if freed {
+                Released::Freed
+            } else {
+                Released::NotOwner
+            });
+        };
+        let deleted = self
+            .within(Some(key), "release failed", client.delete(&node, None))
+            .await?;
+        match deleted {
+            Ok(()) => {
+                self.contenders().remove(owner);
+                Ok(Released::Freed)
+            }
+            // Gone already, or its session expired (ephemeral nodes go with it).
+            Err(ZkError::NoNode) => {
+                self.contenders().remove(owner);
+                Ok(Released::NotOwner)
+            }
+            Err(e @ (ZkError::SessionExpired | ZkError::ClientClosed)) => {
+                self.contenders().remove(owner);
+                self.recover(&e).await;
+                Ok(Released::NotOwner)
+            }
+            Err(e) => Err(self.failed(Some(key), "release failed", e).await),
+        }
     }
 
-    fn watch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
-        // Waiting happens in ZooKeeper's own queue (`acquire_queued`).
-        Box::pin(async { Ok(()) })
+    async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        let client = self.client();
+        let parent = self.parent(key);
+        let listed = self
+            .within(
+                Some(key),
+                "force unlock failed",
+                client.list_children(&parent),
+            )
+            .await?;
+        let children = match listed {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(false),
+            Err(e) => return Err(self.failed(Some(key), "force unlock failed", e).await),
+        };
+        let Some(first) = children
+            .iter()
+            .filter_map(|n| sequence(n).map(|s| (s, n)))
+            .min()
+        else {
+            return Ok(false);
+        };
+        let node = format!("{parent}/{}", first.1);
+        Ok(self
+            .bounded(Some(key), "force unlock failed", client.delete(&node, None))
+            .await
+            .is_ok())
     }
 
-    fn unwatch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async { Ok(()) })
+    async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        let client = self.client();
+        let parent = self.parent(key);
+        match self
+            .within(Some(key), "lookup failed", client.list_children(&parent))
+            .await?
+        {
+            Ok(children) => Ok(children.iter().any(|c| sequence(c).is_some())),
+            Err(ZkError::NoNode) => Ok(false),
+            Err(e) => Err(self.failed(Some(key), "lookup failed", e).await),
+        }
     }
 
-    fn clock_drift(&self, lease: Duration) -> Duration {
+    fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
         // The session timeout bounds the hold, whatever the lease.
-        lease.saturating_sub(self.session_timeout)
+        Ok(lease.saturating_sub(self.session_timeout))
     }
 
     fn renew_batch_limit(&self) -> usize {
         64
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_become_one_path_segment() {
-        assert_eq!(escape("stock:42"), "stock:42");
-        assert_eq!(escape("🔒 lock"), "%F0%9F%94%92 lock");
-        assert_eq!(escape("tab\there"), "tab%09here");
-        assert_eq!(escape("a/b"), "a%2Fb");
-        assert_eq!(escape("100%"), "100%25");
-        assert_eq!(escape(".."), "%..");
-        assert_eq!(escape("ключ {x}"), "ключ {x}");
-    }
-
-    #[test]
-    fn sequences_parse_from_node_names() {
-        assert_eq!(sequence("lock-0000000042"), Some(42));
-        assert_eq!(
-            sequence("lock-0123456789abcdef0123456789abcdef-0000000042"),
-            Some(42)
-        );
-        assert_eq!(sequence("other"), None);
     }
 }

@@ -5,12 +5,15 @@
 //! busy. Waiters are woken by the runtime itself, since every holder is local.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Attempt, Backend, BoxFuture, Released, Renewal};
+use super::url::EngineUrl;
+use super::{
+    Attempt, Backend, BoxFuture, Context, DynBackend, EngineConfig, Released, Renewal, Setting,
+};
 use crate::LockError;
 
 /// Expired entries are swept every this many fresh acquisitions.
@@ -120,58 +123,82 @@ impl MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
-    fn try_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: &str,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        let attempt = self.acquire_now(key, owner, lease);
-        Box::pin(async move { Ok(attempt) })
+    ) -> Result<Attempt, LockError> {
+        Ok(self.acquire_now(key, owner, lease))
     }
 
-    fn renew<'a>(
-        &'a self,
-        batch: &'a [Renewal],
-    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
-        let renewed = self.renew_now(batch).into_iter().map(Some).collect();
-        Box::pin(async move { Ok(renewed) })
+    async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
+        Ok(self.renew_now(batch).into_iter().map(Some).collect())
     }
 
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<Released, LockError>> {
-        let released = self.release_now(key, owner);
-        Box::pin(async move { Ok(released) })
+    async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
+        Ok(self.release_now(key, owner))
     }
 
-    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+    async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut state = self.state();
         let existed = Self::live(&mut state, key, now).is_some();
         state.locks.remove(key);
-        Box::pin(async move { Ok(existed) })
+        Ok(existed)
     }
 
-    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
+    async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
         let now = Instant::now();
-        let locked = Self::live(&mut self.state(), key, now).is_some();
-        Box::pin(async move { Ok(locked) })
+        Ok(Self::live(&mut self.state(), key, now).is_some())
     }
 
-    fn watch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
-        // Every holder is in this process: the runtime wakes waiters on release itself.
-        Box::pin(async { Ok(()) })
-    }
-
-    fn unwatch<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async { Ok(()) })
-    }
+    // No `watch`: every holder is in this process, and the runtime wakes waiters on release
+    // itself.
 
     fn renew_batch_limit(&self) -> usize {
         usize::MAX
+    }
+}
+
+/// `memory://`: no host, no engine option.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct MemoryConfig;
+
+impl MemoryConfig {
+    pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
+        if !url.base.is_empty() || !url.options.is_empty() || url.fragment.is_some() {
+            return Err(LockError::config(format!(
+                "`{}`: memory:// takes no host and only the prefix, lease, wait and timeout options",
+                url.url
+            )));
+        }
+        Ok(Box::new(Self))
+    }
+}
+
+impl EngineConfig for MemoryConfig {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn set(&mut self, _name: &str, _value: Setting<'_>) -> Result<bool, LockError> {
+        Ok(false)
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn clone_box(&self) -> Box<dyn EngineConfig> {
+        Box::new(self.clone())
+    }
+
+    fn connect(
+        self: Box<Self>,
+        _ctx: Context,
+    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>> {
+        Box::pin(async { Ok(Arc::new(MemoryBackend::new()) as Arc<dyn DynBackend>) })
     }
 }
 

@@ -1,0 +1,222 @@
+//! A fresh acquisition: one owner-checked attempt (compensated if its answer is lost), the
+//! engine's own queue where it has one, else the local queue of waiters behind one head that
+//! contends with the engine, woken by notifications.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::LockError;
+use crate::backend::Attempt;
+use crate::core::{Core, release_in_background};
+use crate::held::Held;
+
+/// Pause before a waiter retries after an engine error.
+const ERROR_RETRY: Duration = Duration::from_millis(100);
+
+/// Longest deadline the runtime computes; a larger `wait` means "until acquired".
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A random 128-bit owner token, chosen before any request is sent.
+fn new_owner() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// One owner-checked attempt; if the answer never arrives (error, timeout, or the future is
+/// dropped), a compensating release with the same owner token is scheduled, which is a no-op
+/// if the request never landed.
+async fn attempt(
+    core: &Arc<Core>,
+    key: &str,
+    owner: &str,
+    lease: Duration,
+) -> Result<Attempt, LockError> {
+    compensated(
+        core,
+        key,
+        owner,
+        core.backend.try_acquire(key, owner, lease),
+    )
+    .await
+}
+
+/// Runs one acquire request; if its answer never arrives (error, timeout, or the future is
+/// dropped), schedules an owner-checked release with the same token.
+async fn compensated(
+    core: &Arc<Core>,
+    key: &str,
+    owner: &str,
+    request: impl Future<Output = Result<Attempt, LockError>>,
+) -> Result<Attempt, LockError> {
+    struct Compensate<'a> {
+        core: &'a Arc<Core>,
+        key: &'a str,
+        owner: &'a str,
+        armed: bool,
+    }
+    impl Drop for Compensate<'_> {
+        fn drop(&mut self) {
+            if self.armed {
+                release_in_background(
+                    self.core.clone(),
+                    self.key.to_owned(),
+                    self.owner.to_owned(),
+                );
+            }
+        }
+    }
+    let mut compensate = Compensate {
+        core,
+        key,
+        owner,
+        armed: true,
+    };
+    let result = request.await;
+    compensate.armed = result.is_err();
+    result
+}
+
+/// A fresh acquisition (not a re-entry): the engine's queue, or one attempt and then the
+/// local queue.
+pub(crate) async fn acquire_fresh(
+    core: &Arc<Core>,
+    key: String,
+    lease: Duration,
+    wait: Duration,
+    watchdog: bool,
+) -> Result<Arc<Held>, LockError> {
+    let owner = new_owner();
+    let started = Instant::now();
+    let deadline = started + wait.min(FOREVER);
+    let timeout = |key: String| LockError::Timeout {
+        key,
+        waited: started.elapsed(),
+    };
+
+    // Engines with their own FIFO queue wait there (no local queue, no polling).
+    let mut owner = owner;
+    let queued = loop {
+        let Some(request) = core.backend.acquire_queued(&key, &owner, lease, deadline) else {
+            break None;
+        };
+        match compensated(core, &key, &owner, request).await {
+            Ok(answer) => break Some(answer),
+            // A transient engine error (a new session, a failover) while the wait budget
+            // lasts: queue again with a fresh owner token.
+            Err(err) if err.is_backend() && Instant::now() + ERROR_RETRY < deadline => {
+                tracing::debug!(key = %key, error = %err, "queueing failed; retrying within the wait");
+                owner = new_owner();
+                tokio::time::sleep(ERROR_RETRY).await;
+            }
+            Err(err) => return Err(err),
+        }
+    };
+    if let Some(answer) = queued {
+        return match answer {
+            Attempt::Acquired { fence } => {
+                // The lease was granted when the request started and kept alive while queued:
+                // count on it from the later of that start and a third of a lease ago.
+                let since = Instant::now()
+                    .checked_sub(lease / 3)
+                    .map_or(started, |t| t.max(started));
+                Ok(Held::new(core, key, owner, fence, lease, watchdog, since))
+            }
+            Attempt::Busy { .. } => Err(timeout(key)),
+        };
+    }
+
+    // Fast path: one attempt, unless local waiters are queued (then queue behind them).
+    if wait.is_zero() || !core.hub.has_waiters(&key) {
+        let sent_at = Instant::now();
+        match attempt(core, &key, &owner, lease).await? {
+            Attempt::Acquired { fence } => {
+                return Ok(Held::new(core, key, owner, fence, lease, watchdog, sent_at));
+            }
+            Attempt::Busy { .. } if wait.is_zero() => return Err(timeout(key)),
+            Attempt::Busy { .. } => {}
+        }
+    }
+
+    // Slow path, boxed so that the common uncontended acquire stays a small future.
+    tracing::debug!(key = %key, ?wait, "lock busy; waiting for a release");
+    Box::pin(wait_in_queue(
+        core, key, owner, lease, watchdog, started, deadline,
+    ))
+    .await
+}
+
+/// Queues locally; the head of the queue subscribes and contends until `deadline`.
+async fn wait_in_queue(
+    core: &Arc<Core>,
+    key: String,
+    mut owner: String,
+    lease: Duration,
+    watchdog: bool,
+    started: Instant,
+    deadline: Instant,
+) -> Result<Arc<Held>, LockError> {
+    let timeout = |key: String| LockError::Timeout {
+        key,
+        waited: started.elapsed(),
+    };
+    let ticket = core.hub.join(&key);
+    let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue().turn.lock()).await else {
+        return Err(timeout(key));
+    };
+    match tokio::time::timeout_at(deadline, ticket.ensure_watched()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => return Err(err),
+        Err(_) => return Err(timeout(key)),
+    }
+    let queue = ticket.queue();
+    loop {
+        let freed = queue.freed.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        // The previous head of this queue holds the key: its release wakes us, and an attempt
+        // now could only fail (no herd, no wasted round trip on a hot key).
+        if let Some(holder_lease) = queue.held_here() {
+            let until = (Instant::now() + holder_lease.min(FOREVER)).min(deadline);
+            tokio::select! {
+                _ = freed => {}
+                _ = tokio::time::sleep_until(until) => queue.clear_held(),
+            }
+            continue;
+        }
+        let sent_at = Instant::now();
+        let answer = match attempt(core, &key, &owner, lease).await {
+            Ok(answer) => answer,
+            // A transient engine error (a failover, a reconnect) while the wait budget lasts:
+            // try again shortly. The failed attempt's compensating release carries the old
+            // owner token, so the next attempt takes a fresh one.
+            Err(err) if err.is_backend() && Instant::now() + ERROR_RETRY < deadline => {
+                tracing::debug!(key = %key, error = %err, "attempt failed; retrying within the wait");
+                owner = new_owner();
+                tokio::time::sleep(ERROR_RETRY).await;
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        match answer {
+            Attempt::Acquired { fence } => {
+                queue.mark_held(lease);
+                return Ok(Held::new(core, key, owner, fence, lease, watchdog, sent_at));
+            }
+            Attempt::Busy { ttl } => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(timeout(key));
+                }
+                // A lost notification costs at most the holder's remaining TTL. Without a TTL
+                // (somebody persisted the key) look again after a short while.
+                let recheck = now + ttl.unwrap_or(Duration::from_millis(100)).min(FOREVER);
+                tokio::select! {
+                    _ = freed => {}
+                    _ = tokio::time::sleep_until(recheck.min(deadline)) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! Configuration of etcd: `etcd://h1:2379,h2:2379` (plain HTTP to each member), or the
+//! builder's `.etcd(["http://h1:2379", ..])`. etcd has no engine option: leases, waits and the
+//! call timeout are the runtime's.
+
+use std::sync::Arc;
+
+use super::EtcdBackend;
+use crate::LockError;
+use crate::backend::url::EngineUrl;
+use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig, Setting};
+
+#[derive(Debug, Clone)]
+pub(crate) struct EtcdConfig {
+    endpoints: Vec<String>,
+}
+
+impl EtcdConfig {
+    /// One `http://host:port` endpoint per member.
+    pub(crate) fn new(endpoints: Vec<String>) -> Self {
+        Self { endpoints }
+    }
+
+    /// `etcd://h1:p1,h2:p2`.
+    pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
+        if let Some(unknown) = url.options.first() {
+            return Err(url.unknown_option(unknown, &[]));
+        }
+        let hosts = url.hosts("etcd://host1:port1,host2:port2,...")?;
+        Ok(Box::new(Self::new(
+            hosts.iter().map(|h| format!("http://{h}")).collect(),
+        )))
+    }
+}
+
+impl EngineConfig for EtcdConfig {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn set(&mut self, _name: &str, _value: Setting<'_>) -> Result<bool, LockError> {
+        Ok(false)
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn clone_box(&self) -> Box<dyn EngineConfig> {
+        Box::new(self.clone())
+    }
+
+    fn connect(
+        self: Box<Self>,
+        ctx: Context,
+    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>> {
+        Box::pin(async move {
+            if self.endpoints.is_empty() {
+                return Err(LockError::config("etcd needs at least one endpoint"));
+            }
+            let backend = EtcdBackend::connect(&self.endpoints, &ctx).await?;
+            Ok(Arc::new(backend) as Arc<dyn DynBackend>)
+        })
+    }
+}

@@ -1,0 +1,142 @@
+//! Redis Cluster: a connection that can be rebuilt, and the sharded subscriptions to restore.
+//!
+//! The cluster client follows MOVED/ASK and refreshes its slot map after connection errors,
+//! but not after timeouts: a master that froze (rather than died) and was failed over would
+//! keep its slots' calls timing out. Any timeout therefore asks the maintenance task to
+//! rebuild the connection from the seeds (a fresh slot map); a disconnect or a rebuild makes it
+//! re-issue `SSUBSCRIBE` for every watched channel until all are confirmed, then wake every
+//! waiter.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use redis::ProtocolVersion;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use tokio::sync::Notify;
+
+use super::link::{Link, connect_within};
+use super::names::Names;
+use super::push::push_handler;
+use crate::LockError;
+use crate::backend::{Context, Wakeups};
+
+pub(super) struct ClusterLink {
+    client: ClusterClient,
+    conn: RwLock<ClusterConnection>,
+    channels: Mutex<HashSet<String>>,
+    repair: Arc<Notify>,
+    rebuild: AtomicBool,
+    timeout: Duration,
+}
+
+impl Drop for ClusterLink {
+    fn drop(&mut self) {
+        // Lets the maintenance task notice that the backend is gone.
+        self.repair.notify_one();
+    }
+}
+
+impl ClusterLink {
+    /// Connects through any of `seeds` (one URL per node) and starts the maintenance task.
+    pub(super) async fn connect(
+        seeds: &[String],
+        names: &Names,
+        ctx: &Context,
+    ) -> Result<Link, LockError> {
+        let repair = Arc::new(Notify::new());
+        let on_push = push_handler(
+            ctx.wakeups.clone(),
+            names.clone(),
+            ctx.origin.clone(),
+            Some(repair.clone()),
+        );
+        let seeds_text = seeds.join(",");
+        let client = ClusterClientBuilder::new(seeds.to_vec())
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(on_push)
+            // Shorter than the outer bound: a seed that does not answer must not fail the
+            // connection while others do.
+            .connection_timeout(ctx.timeout / 2)
+            .response_timeout(ctx.timeout)
+            .build()
+            .map_err(|e| LockError::config(format!("bad cluster seeds `{seeds_text}`: {e}")))?;
+        let conn = connect_within(
+            ctx.timeout,
+            &format!("cannot connect to cluster {seeds_text}"),
+            client.get_async_connection(),
+        )
+        .await?;
+        let link = Arc::new(ClusterLink {
+            client,
+            conn: RwLock::new(conn),
+            channels: Mutex::default(),
+            repair: repair.clone(),
+            rebuild: AtomicBool::new(false),
+            timeout: ctx.timeout,
+        });
+        tokio::spawn(Self::maintain(
+            Arc::downgrade(&link),
+            repair,
+            ctx.wakeups.clone(),
+        ));
+        Ok(Link::Cluster(link))
+    }
+
+    pub(super) fn conn(&self) -> ClusterConnection {
+        self.conn
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The sharded channels to restore after a disconnect or a rebuild.
+    pub(super) fn channels(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A call timed out: rebuild the connection (fresh slot map).
+    pub(super) fn note_timeout(&self) {
+        self.rebuild.store(true, Ordering::Release);
+        self.repair.notify_one();
+    }
+
+    /// Rebuilds the connection when asked, then restores every sharded subscription.
+    async fn maintain(link: Weak<Self>, repair: Arc<Notify>, wakeups: Arc<dyn Wakeups>) {
+        loop {
+            repair.notified().await;
+            // Let a burst of triggers (many calls timing out at once) settle into one repair.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Some(this) = link.upgrade() else {
+                return;
+            };
+            let mut retry = false;
+            if this.rebuild.swap(false, Ordering::AcqRel) {
+                match tokio::time::timeout(this.timeout, this.client.get_async_connection()).await {
+                    Ok(Ok(conn)) => {
+                        *this.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
+                        tracing::debug!("cluster connection rebuilt after a timeout");
+                    }
+                    _ => {
+                        this.rebuild.store(true, Ordering::Release);
+                        retry = true;
+                    }
+                }
+            }
+            let channels: Vec<String> = this.channels().iter().cloned().collect();
+            let mut conn = this.conn();
+            for channel in channels {
+                let confirmed = tokio::time::timeout(this.timeout, conn.ssubscribe(&channel)).await;
+                retry |= !matches!(confirmed, Ok(Ok(())));
+            }
+            wakeups.wake_all();
+            drop(this);
+            if retry {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                repair.notify_one();
+            }
+        }
+    }
+}

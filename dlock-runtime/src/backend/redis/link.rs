@@ -1,0 +1,195 @@
+//! The connection a backend holds, and how a call's outcome becomes a `LockError`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{IntoConnectionInfo, ProtocolVersion, RedisError, Value};
+
+use super::RedisBackend;
+use super::cluster::ClusterLink;
+use super::names::Names;
+use super::push::push_handler;
+use crate::LockError;
+use crate::backend::Context;
+
+/// One server (reconnecting, resubscribing) or a cluster (slot-routed, MOVED/ASK and failover
+/// handled by the client).
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The connection a backend holds.
+pub(super) enum Link {
+    Single(ConnectionManager),
+    Cluster(Arc<ClusterLink>),
+}
+
+impl Link {
+    /// Connects to one server (`redis://` or `rediss://`), switched to RESP3 for pushes.
+    pub(super) async fn single(url: &str, names: &Names, ctx: &Context) -> Result<Self, LockError> {
+        let (client, config) = open(url, names, ctx)?;
+        let conn = connect_within(
+            ctx.timeout,
+            &format!("cannot connect to {url}"),
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await?;
+        Ok(Self::Single(conn))
+    }
+
+    /// Like [`Link::single`], but connects on first use: a node that is down now answers each
+    /// call with an error (Redlock tolerates a minority of those).
+    pub(super) fn single_lazy(url: &str, names: &Names, ctx: &Context) -> Result<Self, LockError> {
+        let (client, config) = open(url, names, ctx)?;
+        // No retries inside a call: a node that is down fails fast (connection refused) and
+        // the next call tries again.
+        let config = config.set_number_of_retries(0);
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| redis_error(None, &format!("cannot set up a connection to {url}"), e))?;
+        Ok(Self::Single(conn))
+    }
+
+    pub(super) fn handle(&self) -> Conn {
+        match self {
+            Self::Single(c) => Conn::Single(c.clone()),
+            Self::Cluster(link) => Conn::Cluster(link.conn()),
+        }
+    }
+
+    pub(super) fn publish_command(&self) -> &'static str {
+        match self {
+            Self::Single(_) => "PUBLISH",
+            Self::Cluster(_) => "SPUBLISH",
+        }
+    }
+
+    /// A call timed out: on Cluster the slot map may be stale (a frozen master failed over).
+    fn note_timeout(&self) {
+        if let Self::Cluster(link) = self {
+            link.note_timeout();
+        }
+    }
+}
+
+/// The client and connection settings of one server: RESP3, the push handler, reconnection.
+fn open(
+    url: &str,
+    names: &Names,
+    ctx: &Context,
+) -> Result<(redis::Client, ConnectionManagerConfig), LockError> {
+    let info = url
+        .into_connection_info()
+        .map_err(|e| LockError::config(format!("bad redis url `{url}`: {e}")))?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let info = info.set_redis_settings(settings);
+    let client = redis::Client::open(info)
+        .map_err(|e| LockError::config(format!("bad redis url `{url}`: {e}")))?;
+    let on_push = push_handler(ctx.wakeups.clone(), names.clone(), ctx.origin.clone(), None);
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(ctx.timeout))
+        // Each call is bounded by `timeout` in `RedisBackend::call` (one timer per call).
+        .set_response_timeout(None)
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+        .set_push_sender(on_push)
+        .set_automatic_resubscription();
+    Ok((client, config))
+}
+
+pub(super) fn redis_error(key: Option<&str>, what: &str, err: RedisError) -> LockError {
+    LockError::backend(key, what, Some(Arc::new(err)))
+}
+
+/// An I/O "timed out" error as the source of a `Backend` error.
+fn timed_out(message: String) -> Arc<dyn std::error::Error + Send + Sync> {
+    Arc::new(std::io::Error::new(std::io::ErrorKind::TimedOut, message))
+}
+
+/// Awaits a connection attempt bounded by `timeout`; a failure is `Backend` saying `what`.
+pub(super) async fn connect_within<T>(
+    timeout: Duration,
+    what: &str,
+    connecting: impl std::future::Future<Output = Result<T, RedisError>>,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(redis_error(None, what, e)),
+        Err(_) => Err(LockError::backend(
+            None,
+            what,
+            Some(timed_out(format!("no connection within {timeout:?}"))),
+        )),
+    }
+}
+
+impl RedisBackend {
+    /// Runs one call with the response bound, mapping errors to `Backend` naming the key.
+    pub(super) async fn call<T>(
+        &self,
+        key: Option<&str>,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, LockError> {
+        let answer = tokio::time::timeout(self.timeout, fut).await;
+        self.settle(key, what, answer)
+    }
+
+    /// Maps one bounded call's outcome: errors become `Backend` naming the key, and a timeout
+    /// (ours or the client's) is reported to the link (a stale cluster slot map).
+    pub(super) fn settle<T>(
+        &self,
+        key: Option<&str>,
+        what: &str,
+        answer: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
+    ) -> Result<T, LockError> {
+        match answer {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if e.is_timeout() {
+                    self.link.note_timeout();
+                }
+                Err(redis_error(key, what, e))
+            }
+            Err(_) => {
+                self.link.note_timeout();
+                let elapsed = timed_out(format!("no reply within {:?}", self.timeout));
+                Err(LockError::backend(key, what, Some(elapsed)))
+            }
+        }
+    }
+}

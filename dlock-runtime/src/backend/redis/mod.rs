@@ -1,0 +1,218 @@
+//! Redis (`redis://`, `rediss://`) and Redis Cluster (`redis+cluster://`): Lua scripts on a
+//! RESP3 connection that carries both the commands and the pub/sub pushes. On Cluster every
+//! name of one lock shares a hash slot ([`names`]), so each script runs on the key's shard, and
+//! the release notification uses sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`), which follows the
+//! shard.
+//!
+//! By job: [`config`] (URLs and options), [`link`] (the connection, error mapping),
+//! [`cluster`] (rebuilding a cluster connection, restoring sharded subscriptions), [`names`]
+//! (key layout, hash slots), [`script`] (the Lua scripts), [`push`] (notifications).
+//!
+//! The single-server connection is a `ConnectionManager`: it reconnects by itself after a
+//! restart and resubscribes the release channels; on a disconnect every local waiter retries (a
+//! message published while the subscription was down reached nobody), and every wait is
+//! bounded by the holder's TTL anyway.
+
+mod cluster;
+pub(crate) mod config;
+mod link;
+mod names;
+mod push;
+pub(crate) mod script;
+
+use std::time::Duration;
+
+pub(crate) use names::hash_slot;
+
+use self::cluster::ClusterLink;
+use self::link::Link;
+use self::names::Names;
+use self::script::{Scripts, decode_acquire, millis_ceil};
+use super::{Attempt, Backend, Context, Released, Renewal};
+use crate::LockError;
+
+/// How long the fence counter outlives the lock. After that the next token is floored at the
+/// server clock in microseconds, which is above every earlier token unless the server's clock
+/// was stepped back by more than this.
+const FENCE_TTL: Duration = Duration::from_secs(600);
+
+/// Message published by a force-unlock (never equal to a runtime id).
+const FORCED: &str = "forced";
+
+pub(crate) struct RedisBackend {
+    link: Link,
+    names: Names,
+    origin: String,
+    timeout: Duration,
+    scripts: Scripts,
+}
+
+impl RedisBackend {
+    /// Connects to one Redis server (`redis://` or `rediss://`).
+    pub(crate) async fn connect(url: &str, ctx: &Context) -> Result<Self, LockError> {
+        let names = Names {
+            prefix: ctx.prefix.clone(),
+        };
+        let link = Link::single(url, &names, ctx).await?;
+        Ok(Self::with_link(link, names, ctx))
+    }
+
+    /// Like [`RedisBackend::connect`], but connects on first use: a node that is down now
+    /// answers each call with an error (Redlock tolerates a minority of those).
+    pub(crate) fn connect_lazy(url: &str, ctx: &Context) -> Result<Self, LockError> {
+        let names = Names {
+            prefix: ctx.prefix.clone(),
+        };
+        let link = Link::single_lazy(url, &names, ctx)?;
+        Ok(Self::with_link(link, names, ctx))
+    }
+
+    /// Connects to a Redis Cluster through any of its `seeds` (one URL per node).
+    pub(crate) async fn connect_cluster(
+        seeds: &[String],
+        ctx: &Context,
+    ) -> Result<Self, LockError> {
+        let names = Names {
+            prefix: ctx.prefix.clone(),
+        };
+        let link = ClusterLink::connect(seeds, &names, ctx).await?;
+        Ok(Self::with_link(link, names, ctx))
+    }
+
+    fn with_link(link: Link, names: Names, ctx: &Context) -> Self {
+        Self {
+            link,
+            names,
+            origin: ctx.origin.clone(),
+            timeout: ctx.timeout,
+            scripts: Scripts::new(),
+        }
+    }
+}
+
+impl Backend for RedisBackend {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Attempt, LockError> {
+        let reply: i64 = self
+            .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
+                cmd.arg(2)
+                    .arg(self.names.lock(key))
+                    .arg(self.names.fence(key))
+                    .arg(owner)
+                    .arg(millis_ceil(lease))
+                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)));
+            })
+            .await?;
+        Ok(decode_acquire(reply))
+    }
+
+    /// Renews `batch` with one script call (the watchdog groups batches by
+    /// [`renew_partition`](Backend::renew_partition): on Cluster one hash slot per call).
+    async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
+        let key = (batch.len() == 1).then(|| batch[0].key.as_str());
+        let reply: Vec<i64> = self
+            .run_script(&self.scripts.renew, key, "renewal failed", |cmd| {
+                cmd.arg(batch.len());
+                for item in batch {
+                    cmd.arg(self.names.lock(&item.key));
+                }
+                for item in batch {
+                    cmd.arg(&item.owner).arg(millis_ceil(item.lease));
+                }
+            })
+            .await?;
+        Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
+    }
+
+    fn renew_partition(&self, key: &str) -> u16 {
+        match self.link {
+            Link::Single(_) => 0,
+            Link::Cluster(_) => hash_slot(self.names.lock(key).as_bytes()),
+        }
+    }
+
+    async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
+        let reply: i64 = self
+            .run_script(&self.scripts.release, Some(key), "release failed", |cmd| {
+                cmd.arg(1)
+                    .arg(self.names.lock(key))
+                    .arg(owner)
+                    .arg(self.names.channel(key))
+                    .arg(&self.origin)
+                    .arg(self.link.publish_command());
+            })
+            .await?;
+        Ok(match reply {
+            1 => Released::Freed,
+            2 => Released::StillHeld,
+            _ => Released::NotOwner,
+        })
+    }
+
+    async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        let reply: i64 = self
+            .run_script(
+                &self.scripts.force_unlock,
+                Some(key),
+                "force unlock failed",
+                |cmd| {
+                    cmd.arg(1)
+                        .arg(self.names.lock(key))
+                        .arg(self.names.channel(key))
+                        .arg(FORCED)
+                        .arg(self.link.publish_command());
+                },
+            )
+            .await?;
+        Ok(reply == 1)
+    }
+
+    async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        let mut conn = self.link.handle();
+        let cmd = redis::cmd("EXISTS").arg(self.names.lock(key)).clone();
+        let n: i64 = self
+            .call(Some(key), "lookup failed", cmd.query_async(&mut conn))
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn watch(&self, key: &str) -> Result<(), LockError> {
+        let channel = self.names.channel(key);
+        match &self.link {
+            Link::Single(c) => {
+                let mut c = c.clone();
+                self.call(Some(key), "subscribe failed", c.subscribe(channel))
+                    .await
+            }
+            Link::Cluster(link) => {
+                let mut c = link.conn();
+                self.call(Some(key), "subscribe failed", c.ssubscribe(&channel))
+                    .await?;
+                // Restored by the maintenance task after a disconnect or a rebuild.
+                link.channels().insert(channel);
+                Ok(())
+            }
+        }
+    }
+
+    async fn unwatch(&self, key: &str) -> Result<(), LockError> {
+        let channel = self.names.channel(key);
+        match &self.link {
+            Link::Single(c) => {
+                let mut c = c.clone();
+                self.call(Some(key), "unsubscribe failed", c.unsubscribe(channel))
+                    .await
+            }
+            Link::Cluster(link) => {
+                link.channels().remove(&channel);
+                let mut c = link.conn();
+                self.call(Some(key), "unsubscribe failed", c.sunsubscribe(&channel))
+                    .await
+            }
+        }
+    }
+}

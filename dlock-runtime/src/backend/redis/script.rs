@@ -1,0 +1,133 @@
+//! The Lua scripts (`lua/*.lua`, each with its KEYS/ARGV/return comment block) and how they are
+//! run: `EVALSHA` routed by the first key; when the node does not have the script (first use,
+//! `SCRIPT FLUSH`, a restart, a failover) `EVAL` on that same node, which also caches it there.
+//! (A `SCRIPT LOAD` would go to every node of a cluster and wait for all.)
+
+use std::time::Duration;
+
+use redis::Script;
+
+use super::RedisBackend;
+use crate::LockError;
+use crate::backend::Attempt;
+
+/// The sources, each with its comment block (KEYS, ARGV, return values).
+pub(crate) const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
+pub(crate) const RENEW_LUA: &str = include_str!("lua/renew.lua");
+pub(crate) const RELEASE_LUA: &str = include_str!("lua/release.lua");
+pub(crate) const FORCE_UNLOCK_LUA: &str = include_str!("lua/force_unlock.lua");
+
+/// One script: its source and SHA1.
+pub(super) struct Lua {
+    sha: String,
+    src: &'static str,
+}
+
+impl Lua {
+    fn new(src: &'static str) -> Self {
+        Self {
+            sha: Script::new(src).get_hash().to_owned(),
+            src,
+        }
+    }
+}
+
+pub(super) struct Scripts {
+    pub(super) acquire: Lua,
+    pub(super) renew: Lua,
+    pub(super) release: Lua,
+    pub(super) force_unlock: Lua,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Self {
+        Self {
+            acquire: Lua::new(ACQUIRE_LUA),
+            renew: Lua::new(RENEW_LUA),
+            release: Lua::new(RELEASE_LUA),
+            force_unlock: Lua::new(FORCE_UNLOCK_LUA),
+        }
+    }
+}
+
+/// The acquire script's one-integer answer (see `lua/acquire.lua`).
+pub(super) fn decode_acquire(reply: i64) -> Attempt {
+    match reply {
+        fence @ 1.. => Attempt::Acquired {
+            fence: u64::try_from(fence).ok(),
+        },
+        -1 | 0 => Attempt::Busy { ttl: None },
+        busy => Attempt::Busy {
+            ttl: u64::try_from(-2 - busy).ok().map(Duration::from_millis),
+        },
+    }
+}
+
+/// Milliseconds, rounded up (Redis TTLs have millisecond resolution; never round a lease down).
+pub(super) fn millis_ceil(d: Duration) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+}
+
+impl RedisBackend {
+    /// Runs `lua` with `fill` appending `numkeys`, the keys and the arguments.
+    pub(super) async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        lua: &Lua,
+        key: Option<&str>,
+        what: &str,
+        fill: impl Fn(&mut redis::Cmd),
+    ) -> Result<T, LockError> {
+        let mut conn = self.link.handle();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&lua.sha);
+        fill(&mut cmd);
+        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await {
+            Ok(Err(err))
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(lua.src);
+                fill(&mut cmd);
+                self.call(key, what, cmd.query_async(&mut conn)).await
+            }
+            answer => self.settle(key, what, answer),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_answers_decode() {
+        assert_eq!(
+            decode_acquire(1_795_246_357_831_253),
+            Attempt::Acquired {
+                fence: Some(1_795_246_357_831_253)
+            }
+        );
+        assert_eq!(decode_acquire(-1), Attempt::Busy { ttl: None });
+        assert_eq!(
+            decode_acquire(-2),
+            Attempt::Busy {
+                ttl: Some(Duration::ZERO)
+            }
+        );
+        assert_eq!(
+            decode_acquire(-2 - 29_500),
+            Attempt::Busy {
+                ttl: Some(Duration::from_millis(29_500))
+            }
+        );
+    }
+
+    #[test]
+    fn leases_round_up_to_whole_milliseconds() {
+        assert_eq!(millis_ceil(Duration::from_micros(1)), 1);
+        assert_eq!(millis_ceil(Duration::from_micros(1500)), 2);
+        assert_eq!(millis_ceil(Duration::from_secs(30)), 30_000);
+        assert_eq!(millis_ceil(Duration::MAX), u64::MAX);
+    }
+}

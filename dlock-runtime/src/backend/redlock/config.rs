@@ -1,0 +1,99 @@
+//! Configuration of Redlock: `redlock://h1:p1,h2:p2,h3:p3[?node_timeout=100ms]`, or the builder's
+//! `.redlock([urls])` with one `redis://` URL per node (each may carry its own password, db or
+//! TLS) and `.node_timeout(d)`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::RedlockBackend;
+use crate::LockError;
+use crate::backend::redis::config::{CLIENT_OPTIONS, check_tls, node_urls, redact};
+use crate::backend::url::EngineUrl;
+use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig, Setting};
+
+/// Default per-node timeout of Redlock calls.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The engine's own options (beside the redis client's).
+const OPTIONS: [&str; 5] = ["node_timeout", "protocol", "db", "user", "pass"];
+
+#[derive(Clone)]
+pub(crate) struct RedlockConfig {
+    nodes: Vec<String>,
+    node_timeout: Duration,
+}
+
+impl fmt::Debug for RedlockConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockConfig")
+            .field(
+                "nodes",
+                &self.nodes.iter().map(|n| redact(n)).collect::<Vec<_>>(),
+            )
+            .field("node_timeout", &self.node_timeout)
+            .finish()
+    }
+}
+
+impl RedlockConfig {
+    /// One `redis://` URL per node.
+    pub(crate) fn new(nodes: Vec<String>) -> Self {
+        Self {
+            nodes,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+        }
+    }
+
+    /// `redlock://h1:p1,h2:p2,h3:p3?node_timeout=..`; the client's options go to every node.
+    pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
+        let hosts = url.hosts("redlock://host1:port1,host2:port2,...")?;
+        let mut config = Self::new(node_urls(url, "redis", &hosts, &["node_timeout"])?);
+        for (name, value) in url.clone().take_options(&["node_timeout"]) {
+            config.set(name, Setting::Text(value))?;
+        }
+        Ok(Box::new(config))
+    }
+}
+
+impl EngineConfig for RedlockConfig {
+    fn name(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn set(&mut self, name: &str, value: Setting<'_>) -> Result<bool, LockError> {
+        match name {
+            "node_timeout" => self.node_timeout = value.positive_duration(name)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        debug_assert_eq!(&OPTIONS[1..], &CLIENT_OPTIONS);
+        &OPTIONS
+    }
+
+    fn clone_box(&self) -> Box<dyn EngineConfig> {
+        Box::new(self.clone())
+    }
+
+    fn connect(
+        self: Box<Self>,
+        ctx: Context,
+    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>> {
+        Box::pin(async move {
+            if self.nodes.len() < 3 {
+                return Err(LockError::config(format!(
+                    "Redlock needs at least 3 independent Redis masters, got {}",
+                    self.nodes.len()
+                )));
+            }
+            for node in &self.nodes {
+                check_tls(node)?;
+            }
+            let backend = RedlockBackend::connect(&self.nodes, &ctx, self.node_timeout)?;
+            Ok(Arc::new(backend) as Arc<dyn DynBackend>)
+        })
+    }
+}

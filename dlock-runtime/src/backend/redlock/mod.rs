@@ -1,0 +1,274 @@
+//! Redlock: a majority of N independent Redis masters (`redlock://h1:p1,h2:p2,h3:p3`).
+//!
+//! The algorithm as published: one owner token for all nodes; each attempt goes to every node
+//! **concurrently**, each call bounded by a per-node timeout far below the lease; the lock is
+//! ours when at least `N/2 + 1` nodes granted it and the validity
+//! `lease - elapsed - drift` (drift = 1 % of the lease + 2 ms) is still positive. Otherwise the
+//! attempt is undone on every node (owner-checked) and the runtime retries until its deadline:
+//! after the holder's TTL or a release notification when another owner holds a majority,
+//! after a short random delay on a split vote.
+//!
+//! Each node runs the same scripts as standalone Redis. Renewal must be confirmed by a
+//! majority within the validity, or the lease counts as lost; a majority that says "not ours"
+//! is a loss at once. A release message from any node is a hint that wakes local waiters.
+//!
+//! No fencing: the nodes' counters are independent, and no majority vote can turn them into
+//! one strictly increasing sequence, so `fence()` is `None`.
+
+pub(crate) mod config;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::time::Instant;
+
+use super::redis::RedisBackend;
+use super::redis::config::redact;
+use super::{Attempt, Backend, Context, Released, Renewal};
+use crate::LockError;
+
+pub(crate) struct RedlockBackend {
+    nodes: Vec<RedisBackend>,
+    urls: Vec<String>,
+    quorum: usize,
+    node_timeout: Duration,
+}
+
+/// Redlock's clock-drift allowance: 1 % of the lease plus 2 ms.
+fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+impl RedlockBackend {
+    /// Sets up one lazily connected client per node (a node that is down does not stop the
+    /// runtime from starting: it is one of the minority Redlock tolerates). Each node's calls
+    /// are bounded by `node_timeout`.
+    pub(crate) fn connect(
+        urls: &[String],
+        ctx: &Context,
+        node_timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let node_ctx = Context {
+            timeout: node_timeout,
+            ..ctx.clone()
+        };
+        let nodes = urls
+            .iter()
+            .map(|url| RedisBackend::connect_lazy(url, &node_ctx))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            quorum: nodes.len() / 2 + 1,
+            nodes,
+            urls: urls.iter().map(|url| redact(url)).collect(),
+            node_timeout,
+        })
+    }
+
+    /// Runs `op` on every node at once; each answer is bounded by the per-node timeout.
+    async fn on_all<'a, T, F>(
+        &'a self,
+        key: Option<&'a str>,
+        op: impl Fn(&'a RedisBackend) -> F,
+    ) -> Vec<Result<T, LockError>>
+    where
+        F: Future<Output = Result<T, LockError>>,
+    {
+        join_all(self.nodes.iter().zip(&self.urls).map(|(node, url)| {
+            let call = op(node);
+            async move {
+                match tokio::time::timeout(self.node_timeout, call).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(LockError::backend(
+                        key,
+                        format!(
+                            "redlock node {url} did not answer within {:?}",
+                            self.node_timeout
+                        ),
+                        None,
+                    )),
+                }
+            }
+        }))
+        .await
+    }
+
+    /// The error when too many nodes failed for a majority to be possible.
+    fn no_quorum<T>(&self, key: &str, answers: &[Result<T, LockError>]) -> LockError {
+        let failed: Vec<&LockError> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+        let source = failed
+            .first()
+            .map(|e| Arc::new((*e).clone()) as Arc<dyn std::error::Error + Send + Sync>);
+        LockError::backend(
+            Some(key),
+            format!(
+                "redlock quorum not reached: {} of {} nodes answered, {} needed",
+                answers.len() - failed.len(),
+                answers.len(),
+                self.quorum
+            ),
+            source,
+        )
+    }
+}
+
+impl Backend for RedlockBackend {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Attempt, LockError> {
+        let started = Instant::now();
+        let answers = self
+            .on_all(Some(key), |node| node.try_acquire(key, owner, lease))
+            .await;
+        let granted = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Attempt::Acquired { .. })))
+            .count();
+        let valid = started.elapsed() + drift(lease) < lease;
+        if granted >= self.quorum && valid {
+            return Ok(Attempt::Acquired { fence: None });
+        }
+        // Undo wherever the lock may be ours: granted, or the answer was lost (the request
+        // may have landed). A node that answered busy granted nothing.
+        let undo = answers
+            .iter()
+            .map(|a| !matches!(a, Ok(Attempt::Busy { .. })));
+        let undo: Vec<&RedisBackend> = self
+            .nodes
+            .iter()
+            .zip(undo)
+            .filter_map(|(node, undo)| undo.then_some(node))
+            .collect();
+        join_all(undo.into_iter().map(|node| async move {
+            let _ = tokio::time::timeout(self.node_timeout, node.release(key, owner)).await;
+        }))
+        .await;
+        let failed = answers.iter().filter(|a| a.is_err()).count();
+        if failed > self.nodes.len() - self.quorum {
+            return Err(self.no_quorum(key, &answers));
+        }
+        let mut busy_ttls: Vec<Duration> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Ok(Attempt::Busy { ttl }) => Some(ttl.unwrap_or(Duration::from_millis(100))),
+                _ => None,
+            })
+            .collect();
+        busy_ttls.sort();
+        let ttl = if busy_ttls.len() >= self.quorum {
+            // Another owner holds a majority: wait for its release (notification) or for
+            // the lease to run out on a majority of its nodes.
+            busy_ttls[self.quorum - 1]
+        } else {
+            // A split vote (or a grant that came too late): retry after a short random
+            // delay so that contenders do not collide again.
+            Duration::from_millis(5 + rand::random::<u64>() % 45)
+        };
+        Ok(Attempt::Busy { ttl: Some(ttl) })
+    }
+
+    async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
+        let answers = self.on_all(None, |node| node.renew(batch)).await;
+        let n = self.nodes.len();
+        Ok((0..batch.len())
+            .map(|i| {
+                let said = |value: bool| {
+                    answers
+                        .iter()
+                        .filter(|a| matches!(a, Ok(v) if v.get(i) == Some(&Some(value))))
+                        .count()
+                };
+                if said(true) >= self.quorum {
+                    Some(true)
+                } else if said(false) > n - self.quorum {
+                    // A majority can no longer confirm: lost.
+                    Some(false)
+                } else {
+                    None
+                }
+            })
+            .collect())
+    }
+
+    async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
+        let answers = self
+            .on_all(Some(key), |node| node.release(key, owner))
+            .await;
+        let count = |what: Released| {
+            answers
+                .iter()
+                .filter(|a| matches!(a, Ok(r) if *r == what))
+                .count()
+        };
+        if count(Released::Freed) > 0 {
+            Ok(Released::Freed)
+        } else if count(Released::StillHeld) > 0 {
+            Ok(Released::StillHeld)
+        } else if answers.iter().all(Result::is_err) {
+            Err(self.no_quorum(key, &answers))
+        } else {
+            Ok(Released::NotOwner)
+        }
+    }
+
+    async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        let answers = self.on_all(Some(key), |node| node.force_unlock(key)).await;
+        if answers.iter().all(Result::is_err) {
+            return Err(self.no_quorum(key, &answers));
+        }
+        Ok(answers.iter().any(|a| matches!(a, Ok(true))))
+    }
+
+    async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        let answers = self.on_all(Some(key), |node| node.is_locked(key)).await;
+        let failed = answers.iter().filter(|a| a.is_err()).count();
+        if failed > self.nodes.len() - self.quorum {
+            return Err(self.no_quorum(key, &answers));
+        }
+        let locked = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        Ok(locked >= self.quorum)
+    }
+
+    async fn watch(&self, key: &str) -> Result<(), LockError> {
+        // A notification from any node is a hint; waits stay bounded by the holder's TTL.
+        let answers = self.on_all(Some(key), |node| node.watch(key)).await;
+        if answers.iter().all(Result::is_err) {
+            return Err(self.no_quorum(key, &answers));
+        }
+        Ok(())
+    }
+
+    async fn unwatch(&self, key: &str) -> Result<(), LockError> {
+        self.on_all(Some(key), |node| node.unwatch(key)).await;
+        Ok(())
+    }
+
+    fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
+        let allowance = drift(lease) + self.node_timeout;
+        if lease <= allowance {
+            return Err(LockError::config(format!(
+                "a lease of {lease:?} is too short for Redlock: the clock-drift allowance ({:?}) plus the per-node timeout ({:?}) leave no validity",
+                drift(lease),
+                self.node_timeout
+            )));
+        }
+        Ok(drift(lease))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_is_one_percent_plus_two_milliseconds_without_overflow() {
+        assert_eq!(drift(Duration::from_secs(10)), Duration::from_millis(102));
+        assert_eq!(drift(Duration::from_millis(1)), Duration::from_micros(2010));
+        let year = crate::MAX_LEASE;
+        assert!(drift(year) < year);
+    }
+}

@@ -1,0 +1,62 @@
+//! Node names: a user key as one path segment, and the sequence number of a queue node.
+
+/// A key as one path segment: `%`, `/`, and every character ZooKeeper rejects in a path
+/// (controls, U+007F-U+009F, U+E000-U+F8FF, U+FFF0-U+FFFF, and everything outside the Basic
+/// Multilingual Plane, which Java sees as surrogates) percent-encoded as UTF-8; the names `.`
+/// and `..` avoided.
+pub(crate) fn escape(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        let code = u32::from(c);
+        let rejected = c == '%'
+            || c == '/'
+            || code < 0x20
+            || (0x7f..=0x9f).contains(&code)
+            || (0xe000..=0xf8ff).contains(&code)
+            || (0xfff0..=0xffff).contains(&code)
+            || code > 0xffff;
+        if rejected {
+            let mut buf = [0u8; 4];
+            for byte in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{byte:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    match out.as_str() {
+        "" | "." | ".." => format!("%{out}"),
+        _ => out,
+    }
+}
+
+/// The sequence number at the end of a `lock-<owner>-<sequence>` node name.
+pub(super) fn sequence(name: &str) -> Option<i64> {
+    name.strip_prefix("lock-")?.rsplit('-').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_become_one_path_segment() {
+        assert_eq!(escape("stock:42"), "stock:42");
+        assert_eq!(escape("🔒 lock"), "%F0%9F%94%92 lock");
+        assert_eq!(escape("tab\there"), "tab%09here");
+        assert_eq!(escape("a/b"), "a%2Fb");
+        assert_eq!(escape("100%"), "100%25");
+        assert_eq!(escape(".."), "%..");
+        assert_eq!(escape("ключ {x}"), "ключ {x}");
+    }
+
+    #[test]
+    fn sequences_parse_from_node_names() {
+        assert_eq!(sequence("lock-0000000042"), Some(42));
+        assert_eq!(
+            sequence("lock-0123456789abcdef0123456789abcdef-0000000042"),
+            Some(42)
+        );
+        assert_eq!(sequence("other"), None);
+    }
+}

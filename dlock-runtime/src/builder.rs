@@ -1,0 +1,248 @@
+//! Configuring a runtime: the engine (by builder method or URL) and the runtime's policy
+//! options. Engine options are handed to the engine's own configuration, which validates them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+
+use crate::backend::url::{EngineUrl, RUNTIME_OPTIONS};
+use crate::backend::{Context, EngineConfig, Setting};
+use crate::core::{Core, validate_lease};
+use crate::runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
+use crate::wait::WaitHub;
+use crate::watchdog::Watchdog;
+use crate::{LockError, Runtime, engines};
+
+/// Configures a [`Runtime`]; see [`Runtime::builder`].
+#[derive(Debug)]
+pub struct RuntimeBuilder {
+    engine: Option<Result<Box<dyn EngineConfig>, LockError>>,
+    /// Engine options set on the builder, applied to the engine at `build`.
+    engine_options: Vec<(&'static str, Duration)>,
+    prefix: String,
+    default_lease: Duration,
+    default_wait: Duration,
+    timeout: Duration,
+}
+
+impl Clone for RuntimeBuilder {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.as_ref().map(|engine| match engine {
+                Ok(config) => Ok(config.clone_box()),
+                Err(err) => Err(err.clone()),
+            }),
+            engine_options: self.engine_options.clone(),
+            prefix: self.prefix.clone(),
+            default_lease: self.default_lease,
+            default_wait: self.default_wait,
+            timeout: self.timeout,
+        }
+    }
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        Self {
+            engine: None,
+            engine_options: Vec::new(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            default_lease: DEFAULT_LEASE,
+            default_wait: Duration::ZERO,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    fn engine(mut self, engine: Result<Box<dyn EngineConfig>, LockError>) -> Self {
+        self.engine = Some(engine);
+        self
+    }
+
+    fn engine_option(mut self, name: &'static str, value: Duration) -> Self {
+        self.engine_options.push((name, value));
+        self
+    }
+
+    /// One Redis server: `redis://[user:password@]host:port[/db]`, or `rediss://` (feature
+    /// `tls`). Needs Redis 6 or newer (RESP3 pushes carry the release notifications).
+    pub fn redis(self, url: impl Into<String>) -> Self {
+        self.engine(engines::redis(url.into()))
+    }
+
+    /// A Redis Cluster (Redis 7 or newer), one seed URL per node (any reachable subset is
+    /// enough): `.redis_cluster(["redis://h1:7000", "redis://h2:7001"])`. Each lock lives on the
+    /// shard of its key's hash slot; notifications use sharded pub/sub; MOVED/ASK redirects and
+    /// failovers are followed. A lock lost in a failover (the promoted replica never saw it) is
+    /// reported lost at the next renewal.
+    pub fn redis_cluster<I, S>(self, seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.engine(engines::redis_cluster(
+            seeds.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// etcd (feature `etcd`), one endpoint per member: `.etcd(["http://h1:2379",
+    /// "http://h2:2379"])`. Locks live in etcd's own FIFO queue (create revisions, a lease per
+    /// contender kept alive also while queued, each waiter watching only its predecessor);
+    /// `fence()` is the key's create revision. Leases are whole seconds (rounded up; the server
+    /// may raise short ones to its minimum).
+    pub fn etcd<I, S>(self, endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.engine(engines::etcd(
+            endpoints.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// ZooKeeper (feature `zookeeper`): `.zookeeper("h1:2181,h2:2181/chroot")`. Locks are
+    /// ephemeral sequential nodes under `/dlock/<key>/`; the **session timeout**
+    /// ([`session_timeout`](Self::session_timeout), default 10 s) bounds how long a dead
+    /// holder blocks others, not the lease; `fence()` is the node's creation zxid.
+    pub fn zookeeper(self, connect: impl Into<String>) -> Self {
+        self.engine(engines::zookeeper(connect.into()))
+    }
+
+    /// ZooKeeper's session timeout (default 10 s; the server clamps it to its own limits). An
+    /// option of the ZooKeeper engine: with another engine, `build` fails with
+    /// [`LockError::InvalidConfig`].
+    pub fn session_timeout(self, timeout: Duration) -> Self {
+        self.engine_option("session_timeout", timeout)
+    }
+
+    /// Redlock over N independent Redis masters (at least 3), one URL per node; each node may
+    /// carry its own password, db or TLS: `.redlock(["redis://h1:6379", "redis://h2:6379",
+    /// "redis://h3:6379"])`. A lock is held by a majority; `fence()` is `None` (no strictly
+    /// increasing token across holders is possible). See [`node_timeout`](Self::node_timeout).
+    pub fn redlock<I, S>(self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.engine(engines::redlock(urls.into_iter().map(Into::into).collect()))
+    }
+
+    /// Bound on each Redlock node's answer (default 100 ms): far below the lease, so that a
+    /// node that is down or paused costs at most this much per attempt. An option of the
+    /// Redlock engine: with another engine, `build` fails with [`LockError::InvalidConfig`].
+    pub fn node_timeout(self, timeout: Duration) -> Self {
+        self.engine_option("node_timeout", timeout)
+    }
+
+    /// The in-process engine: locks exclude within this process only. The embedded default
+    /// for local runs and tests.
+    pub fn memory(self) -> Self {
+        self.engine(engines::memory())
+    }
+
+    /// Prefix of every engine key (default `"dlock:"`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Lease of locks that do not set one (default 30 s).
+    pub fn default_lease(mut self, lease: Duration) -> Self {
+        self.default_lease = lease;
+        self
+    }
+
+    /// Wait budget of locks that do not set one (default zero: one attempt).
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
+    /// Bound on connecting and on each engine call (default 3 s): an engine that is down is a
+    /// [`LockError::Backend`] within about this long, never a hang.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Applies a URL (see [`Runtime::from_url`]): the runtime's options from its query, the
+    /// rest to the engine its scheme names.
+    pub(crate) fn url(mut self, url: &str) -> Result<Self, LockError> {
+        let mut parsed = EngineUrl::parse(url)?;
+        for (name, value) in parsed.take_options(&RUNTIME_OPTIONS) {
+            let duration = || {
+                Setting::Text(value)
+                    .duration(name)
+                    .map_err(|e| LockError::config(format!("{e} in `{url}`")))
+            };
+            match name {
+                "prefix" => self.prefix = value.to_owned(),
+                "lease" => self.default_lease = duration()?,
+                "wait" => self.default_wait = duration()?,
+                _ => self.timeout = duration()?,
+            }
+        }
+        Ok(self.engine(Ok(engines::from_url(&parsed)?)))
+    }
+
+    /// Connects and starts the runtime's background work on the current tokio runtime.
+    ///
+    /// Errors: [`LockError::InvalidConfig`] for a bad option or URL or when no engine was
+    /// chosen; [`LockError::Backend`] when the engine cannot be reached within the timeout.
+    pub async fn build(self) -> Result<Runtime, LockError> {
+        let handle = Handle::try_current().map_err(|_| {
+            LockError::config("a lock runtime must be built inside a tokio runtime")
+        })?;
+        validate_lease(self.default_lease, "default lease")?;
+        if self.timeout.is_zero() {
+            return Err(LockError::config("timeout must be greater than zero"));
+        }
+        let mut config = self.engine.ok_or_else(|| {
+            LockError::config(
+                "no lock engine chosen: call .redis(url) or .memory() on the builder, or use Runtime::from_url",
+            )
+        })??;
+        for (name, value) in self.engine_options {
+            if !config.set(name, Setting::Duration(value))? {
+                return Err(LockError::config(format!(
+                    "`{name}` is not an option of the {} engine (its options: {})",
+                    config.name(),
+                    config.options().join(", ")
+                )));
+            }
+        }
+        let id: u64 = rand::random();
+        let (hub, ops) = WaitHub::new();
+        let engine = config.name();
+        let backend = config
+            .connect(Context {
+                prefix: self.prefix.clone(),
+                origin: format!("{id:016x}"),
+                timeout: self.timeout,
+                wakeups: hub.clone(),
+            })
+            .await?;
+        let watchdog = Arc::new(Watchdog::default());
+        handle.spawn(WaitHub::run_subscriptions(ops, Arc::downgrade(&backend)));
+        handle.spawn(
+            watchdog
+                .clone()
+                .run(Arc::downgrade(&backend), backend.renew_batch_limit()),
+        );
+        Ok(Runtime {
+            core: Arc::new(Core {
+                id,
+                backend,
+                hub,
+                watchdog,
+                handle,
+                prefix: self.prefix,
+                default_lease: self.default_lease,
+                default_wait: self.default_wait,
+                engine,
+            }),
+        })
+    }
+}

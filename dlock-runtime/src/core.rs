@@ -1,0 +1,111 @@
+//! One configured runtime's shared state, where it is found (installed or scoped), and the
+//! background release every exit path falls back on.
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::task::futures::TaskLocalFuture;
+
+use crate::LockError;
+use crate::backend::{DynBackend, Released};
+use crate::wait::WaitHub;
+use crate::watchdog::Watchdog;
+
+/// Longest lease accepted (one year); longer is [`LockError::InvalidConfig`].
+pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Attempts of a release scheduled from `Drop` or after a cancelled acquire.
+const BACKGROUND_RELEASE_ATTEMPTS: u32 = 5;
+
+/// What a `Runtime` shares with its locks, guards and background tasks.
+pub(crate) struct Core {
+    /// Random id: names this runtime's own release messages, and scopes reentrancy.
+    pub(crate) id: u64,
+    pub(crate) backend: Arc<dyn DynBackend>,
+    pub(crate) hub: Arc<WaitHub>,
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) handle: Handle,
+    pub(crate) prefix: String,
+    pub(crate) default_lease: Duration,
+    pub(crate) default_wait: Duration,
+    pub(crate) engine: &'static str,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.watchdog.close();
+    }
+}
+
+static GLOBAL: OnceLock<Arc<Core>> = OnceLock::new();
+
+tokio::task_local! {
+    static SCOPED: Arc<Core>;
+}
+
+/// Makes `core` the process-wide default; `AlreadyInstalled` the second time.
+pub(crate) fn install(core: Arc<Core>) -> Result<(), LockError> {
+    GLOBAL.set(core).map_err(|_| LockError::AlreadyInstalled)
+}
+
+/// The innermost scoped runtime, else the installed one, else `NotInstalled`.
+pub(crate) fn current() -> Result<Arc<Core>, LockError> {
+    SCOPED
+        .try_with(Arc::clone)
+        .ok()
+        .or_else(|| GLOBAL.get().cloned())
+        .ok_or(LockError::NotInstalled)
+}
+
+/// Runs `fut` with `core` as the current runtime.
+pub(crate) fn scope<F: Future>(core: Arc<Core>, fut: F) -> TaskLocalFuture<Arc<Core>, F> {
+    SCOPED.scope(core, fut)
+}
+
+/// A lease must be positive and at most [`MAX_LEASE`].
+pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockError> {
+    if lease.is_zero() {
+        return Err(LockError::config(format!(
+            "{what} must be greater than zero"
+        )));
+    }
+    if lease > MAX_LEASE {
+        return Err(LockError::config(format!(
+            "{what} of {lease:?} is longer than the maximum of one year"
+        )));
+    }
+    Ok(())
+}
+
+/// Releases `owner`'s hold on `key` from a spawned task (Drop, cancellation).
+pub(crate) fn release_in_background(core: Arc<Core>, key: String, owner: String) {
+    let handle = core.handle.clone();
+    handle.spawn(async move {
+        // Retried a few times: a release that fails leaves the lock until its lease ends.
+        let mut delay = Duration::from_millis(100);
+        for attempt in 1..=BACKGROUND_RELEASE_ATTEMPTS {
+            match core.backend.release(&key, &owner).await {
+                Ok(Released::Freed) => {
+                    tracing::debug!(key = %key, "lock released in the background");
+                    core.hub.wake(&key);
+                    return;
+                }
+                Ok(Released::NotOwner) => {
+                    core.hub.wake(&key);
+                    return;
+                }
+                Ok(Released::StillHeld) => return,
+                Err(err) if attempt < BACKGROUND_RELEASE_ATTEMPTS => {
+                    tracing::debug!(key = %key, error = %err, "background release failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(err) => {
+                    tracing::warn!(key = %key, error = %err, "background release failed; the lock expires with its lease");
+                }
+            }
+        }
+    });
+}
