@@ -115,24 +115,36 @@ impl Setting<'_> {
 
 /// An engine's settings before it connects: made from a URL or by the builder, then given the
 /// options addressed to the engine. `Debug` never shows a secret.
-pub(crate) trait EngineConfig: fmt::Debug + Send + Sync + 'static {
+pub(crate) trait EngineConfig: CloneConfig + fmt::Debug + Send + Sync + 'static {
     /// The engine's name (`"redis"`, `"etcd"`, ...), as [`crate::Runtime::engine`] reports it.
     fn name(&self) -> &'static str;
 
     /// Applies one engine option; `Ok(false)` when the engine has no option of that name.
-    fn set(&mut self, name: &str, value: Setting<'_>) -> Result<bool, LockError>;
+    fn set(&mut self, _name: &str, _value: Setting<'_>) -> Result<bool, LockError> {
+        Ok(false)
+    }
 
     /// The engine's option names, for error messages.
-    fn options(&self) -> &'static [&'static str];
-
-    /// A copy (the builder is `Clone`).
-    fn clone_box(&self) -> Box<dyn EngineConfig>;
+    fn options(&self) -> &'static [&'static str] {
+        &[]
+    }
 
     /// Connects (bounded by `ctx.timeout`).
     fn connect(
         self: Box<Self>,
         ctx: Context,
     ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>>;
+}
+
+/// A boxed copy of a configuration (the builder is `Clone`).
+pub(crate) trait CloneConfig {
+    fn clone_box(&self) -> Box<dyn EngineConfig>;
+}
+
+impl<C: EngineConfig + Clone> CloneConfig for C {
+    fn clone_box(&self) -> Box<dyn EngineConfig> {
+        Box::new(self.clone())
+    }
 }
 
 /// One engine: single attempts, no sleeping, no policy.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::EtcdBackend;
 use crate::LockError;
 use crate::backend::url::EngineUrl;
-use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig, Setting};
+use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig};
 
 #[derive(Debug, Clone)]
 pub(crate) struct EtcdConfig {
@@ -35,18 +35,6 @@ impl EtcdConfig {
 impl EngineConfig for EtcdConfig {
     fn name(&self) -> &'static str {
         "etcd"
-    }
-
-    fn set(&mut self, _name: &str, _value: Setting<'_>) -> Result<bool, LockError> {
-        Ok(false)
-    }
-
-    fn options(&self) -> &'static [&'static str] {
-        &[]
-    }
-
-    fn clone_box(&self) -> Box<dyn EngineConfig> {
-        Box::new(self.clone())
     }
 
     fn connect(

@@ -11,9 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::url::EngineUrl;
-use super::{
-    Attempt, Backend, BoxFuture, Context, DynBackend, EngineConfig, Released, Renewal, Setting,
-};
+use super::{Attempt, Backend, BoxFuture, Context, DynBackend, EngineConfig, Released, Renewal};
 use crate::LockError;
 
 /// Expired entries are swept every this many fresh acquisitions.
@@ -180,18 +178,6 @@ impl MemoryConfig {
 impl EngineConfig for MemoryConfig {
     fn name(&self) -> &'static str {
         "memory"
-    }
-
-    fn set(&mut self, _name: &str, _value: Setting<'_>) -> Result<bool, LockError> {
-        Ok(false)
-    }
-
-    fn options(&self) -> &'static [&'static str] {
-        &[]
-    }
-
-    fn clone_box(&self) -> Box<dyn EngineConfig> {
-        Box::new(self.clone())
     }
 
     fn connect(

@@ -17,6 +17,7 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::Notify;
 
+use super::config::{redact, take_ca};
 use super::link::{Link, connect_within};
 use super::names::Names;
 use super::push::push_handler;
@@ -53,8 +54,36 @@ impl ClusterLink {
             ctx.origin.clone(),
             Some(repair.clone()),
         );
-        let seeds_text = seeds.join(",");
-        let client = ClusterClientBuilder::new(seeds.to_vec())
+        let mut urls = Vec::with_capacity(seeds.len());
+        let mut ca = None;
+        for seed in seeds {
+            let (url, pem) = take_ca(seed)?;
+            urls.push(url);
+            ca = ca.or(pem);
+        }
+        let seeds_text = seeds
+            .iter()
+            .map(|s| redact(s))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut builder = ClusterClientBuilder::new(urls);
+        if let Some(root_cert) = ca {
+            #[cfg(feature = "tls")]
+            {
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                });
+            }
+            #[cfg(not(feature = "tls"))]
+            {
+                let _ = root_cert;
+                return Err(LockError::config(format!(
+                    "`{seeds_text}`: `ca` needs the `tls` feature of dlock-runtime"
+                )));
+            }
+        }
+        let client = builder
             .use_protocol(ProtocolVersion::RESP3)
             .push_sender(on_push)
             // Shorter than the outer bound: a seed that does not answer must not fail the

@@ -1,7 +1,12 @@
 //! Configuration of the Redis engines: `redis://`, `rediss://` (one server) and
 //! `redis+cluster://`, `rediss+cluster://` (a cluster, one URL per seed node). Query options
-//! the redis client reads (`protocol`, `db`, `user`, `pass`) are passed on to every node URL;
-//! anything else is a typo, not an option.
+//! the redis client reads (`protocol`, `db`, `user`, `pass`) and `ca` (a PEM file of the
+//! certificate authorities to trust for `rediss://`, instead of the webpki roots) are passed
+//! on to every node URL; anything else is a typo, not an option.
+//!
+//! TLS always verifies the server's certificate. The redis client's `#insecure` fragment,
+//! which turns verification off, is refused unless the crate is built with the loudly named
+//! feature `tls-insecure-skip-verify`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -9,10 +14,10 @@ use std::sync::Arc;
 use super::RedisBackend;
 use crate::LockError;
 use crate::backend::url::{EngineUrl, split_pair};
-use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig, Setting};
+use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig};
 
-/// The query options the redis client reads from a node URL.
-pub(crate) const CLIENT_OPTIONS: [&str; 4] = ["protocol", "db", "user", "pass"];
+/// The query options of a node URL: the redis client's, and `ca`.
+pub(crate) const CLIENT_OPTIONS: [&str; 5] = ["protocol", "db", "user", "pass", "ca"];
 
 /// One server or a cluster.
 #[derive(Clone)]
@@ -83,7 +88,7 @@ pub(crate) fn node_urls(
         .collect())
 }
 
-/// A `rediss://` URL needs the `tls` feature.
+/// A `rediss://` URL needs the `tls` feature; `#insecure` needs `tls-insecure-skip-verify`.
 pub(crate) fn check_tls(url: &str) -> Result<(), LockError> {
     if url.starts_with("rediss://") && !cfg!(feature = "tls") {
         return Err(LockError::config(format!(
@@ -91,7 +96,52 @@ pub(crate) fn check_tls(url: &str) -> Result<(), LockError> {
             redact(url)
         )));
     }
+    if url.ends_with("#insecure") && !cfg!(feature = "tls-insecure-skip-verify") {
+        return Err(LockError::config(format!(
+            "`{}`: #insecure turns off TLS certificate verification; trust a private CA with `?ca=/path/ca.pem` instead, or enable the `tls-insecure-skip-verify` feature of dlock-runtime",
+            redact(url)
+        )));
+    }
     Ok(())
+}
+
+/// Takes the `ca=<path>` option out of a node URL: the URL for the redis client, and the PEM
+/// certificates to trust (read now).
+pub(crate) fn take_ca(url: &str) -> Result<(String, Option<Vec<u8>>), LockError> {
+    let (head, fragment) = match url.split_once('#') {
+        Some((head, fragment)) => (head, Some(fragment)),
+        None => (url, None),
+    };
+    let Some((base, query)) = head.split_once('?') else {
+        return Ok((url.to_owned(), None));
+    };
+    let mut ca = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix("ca=") {
+            Some(path) => {
+                ca = Some(path);
+                false
+            }
+            None => true,
+        })
+        .collect();
+    let mut out = base.to_owned();
+    if !rest.is_empty() {
+        out.push('?');
+        out.push_str(&rest.join("&"));
+    }
+    if let Some(fragment) = fragment {
+        out.push('#');
+        out.push_str(fragment);
+    }
+    let pem = match ca {
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            LockError::config(format!("cannot read the CA certificates `{path}`: {e}"))
+        })?),
+        None => None,
+    };
+    Ok((out, pem))
 }
 
 /// `url` with any password replaced by `***`.
@@ -118,16 +168,8 @@ impl EngineConfig for RedisConfig {
         }
     }
 
-    fn set(&mut self, _name: &str, _value: Setting<'_>) -> Result<bool, LockError> {
-        Ok(false)
-    }
-
     fn options(&self) -> &'static [&'static str] {
         &CLIENT_OPTIONS
-    }
-
-    fn clone_box(&self) -> Box<dyn EngineConfig> {
-        Box::new(self.clone())
     }
 
     fn connect(
@@ -169,6 +211,31 @@ mod tests {
             "rediss://app:***@h:1?db=2"
         );
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn ca_is_taken_out_of_the_url() {
+        let (url, pem) = take_ca("rediss://h:1/0?db=2").expect("no ca");
+        assert_eq!((url.as_str(), pem), ("rediss://h:1/0?db=2", None));
+        let err = take_ca("rediss://h:1/?ca=/nonexistent/ca.pem&db=2#x").expect_err("missing file");
+        assert!(err.is_invalid_config(), "{err}");
+        let path = std::env::temp_dir().join(format!("dlock-ca-{}.pem", std::process::id()));
+        std::fs::write(&path, b"pem").expect("write a file");
+        let (url, pem) =
+            take_ca(&format!("rediss://h:1/?ca={}&db=2#x", path.display())).expect("ca");
+        std::fs::remove_file(&path).ok();
+        assert_eq!(url, "rediss://h:1/?db=2#x");
+        assert_eq!(pem.as_deref(), Some(&b"pem"[..]));
+    }
+
+    #[test]
+    fn insecure_needs_its_own_feature() {
+        let outcome = check_tls("rediss://h:1/#insecure");
+        assert_eq!(
+            outcome.is_ok(),
+            cfg!(feature = "tls-insecure-skip-verify"),
+            "{outcome:?}"
+        );
     }
 
     #[test]

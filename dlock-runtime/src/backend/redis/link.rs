@@ -9,6 +9,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion, RedisError, Value};
 
 use super::RedisBackend;
 use super::cluster::ClusterLink;
+use super::config::{redact, take_ca};
 use super::names::Names;
 use super::push::push_handler;
 use crate::LockError;
@@ -62,7 +63,7 @@ impl Link {
         let (client, config) = open(url, names, ctx)?;
         let conn = connect_within(
             ctx.timeout,
-            &format!("cannot connect to {url}"),
+            &format!("cannot connect to {}", redact(url)),
             ConnectionManager::new_with_config(client, config),
         )
         .await?;
@@ -76,8 +77,10 @@ impl Link {
         // No retries inside a call: a node that is down fails fast (connection refused) and
         // the next call tries again.
         let config = config.set_number_of_retries(0);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| redis_error(None, &format!("cannot set up a connection to {url}"), e))?;
+        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
+            let what = format!("cannot set up a connection to {}", redact(url));
+            redis_error(None, &what, e)
+        })?;
         Ok(Self::Single(conn))
     }
 
@@ -109,16 +112,34 @@ fn open(
     names: &Names,
     ctx: &Context,
 ) -> Result<(redis::Client, ConnectionManagerConfig), LockError> {
-    let info = url
-        .into_connection_info()
-        .map_err(|e| LockError::config(format!("bad redis url `{url}`: {e}")))?;
+    let (url, ca) = take_ca(url)?;
+    let bad_url =
+        |e: RedisError| LockError::config(format!("bad redis url `{}`: {e}", redact(&url)));
+    let info = url.as_str().into_connection_info().map_err(bad_url)?;
     let settings = info
         .redis_settings()
         .clone()
         .set_protocol(ProtocolVersion::RESP3);
     let info = info.set_redis_settings(settings);
-    let client = redis::Client::open(info)
-        .map_err(|e| LockError::config(format!("bad redis url `{url}`: {e}")))?;
+    let client = match ca {
+        None => redis::Client::open(info).map_err(bad_url)?,
+        #[cfg(feature = "tls")]
+        Some(root_cert) => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_cert),
+            },
+        )
+        .map_err(bad_url)?,
+        #[cfg(not(feature = "tls"))]
+        Some(_) => {
+            return Err(LockError::config(format!(
+                "`{}`: `ca` needs the `tls` feature of dlock-runtime",
+                redact(&url)
+            )));
+        }
+    };
     let on_push = push_handler(ctx.wakeups.clone(), names.clone(), ctx.origin.clone(), None);
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(ctx.timeout))

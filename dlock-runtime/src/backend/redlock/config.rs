@@ -74,10 +74,6 @@ impl EngineConfig for RedlockConfig {
         &OPTIONS
     }
 
-    fn clone_box(&self) -> Box<dyn EngineConfig> {
-        Box::new(self.clone())
-    }
-
     fn connect(
         self: Box<Self>,
         ctx: Context,

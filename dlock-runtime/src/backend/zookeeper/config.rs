@@ -67,10 +67,6 @@ impl EngineConfig for ZooKeeperConfig {
         &OPTIONS
     }
 
-    fn clone_box(&self) -> Box<dyn EngineConfig> {
-        Box::new(self.clone())
-    }
-
     fn connect(
         self: Box<Self>,
         ctx: Context,
