@@ -1,0 +1,125 @@
+//! The baselines: raw Redis calls, without the lock runtime, measured in the same run as the
+//! figures they stand next to. Latency series come back sorted.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock_runtime::testing::scripts;
+use redis::aio::MultiplexedConnection;
+
+use crate::BoxError;
+use crate::stats::sorted;
+
+/// A plain RESP3 connection to the server at `url`.
+pub(crate) async fn raw_conn(url: &str) -> Result<MultiplexedConnection, BoxError> {
+    let client = redis::Client::open(format!("{url}?protocol=resp3"))?;
+    Ok(client.get_multiplexed_async_connection().await?)
+}
+
+/// Two raw `EVALSHA` round trips of a trivial script, `n` times after `n / 10` unmeasured:
+/// the floor of acquire + release.
+pub(crate) async fn evalsha_pairs(url: &str, n: usize) -> Result<Vec<Duration>, BoxError> {
+    let mut conn = raw_conn(url).await?;
+    let script = redis::Script::new("return 1");
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        let _: i64 = script.key("k").arg(1).invoke_async(&mut conn).await?;
+        let _: i64 = script.key("k").arg(1).invoke_async(&mut conn).await?;
+        if i >= n / 10 {
+            lat.push(t.elapsed());
+        }
+    }
+    Ok(sorted(lat))
+}
+
+/// The runtime's own acquire and release scripts, issued raw (no runtime) by `tasks` tasks on
+/// a key each, `per_task` pairs each: pairs per second.
+pub(crate) async fn script_pairs_parallel(
+    url: &str,
+    tasks: usize,
+    per_task: usize,
+) -> Result<f64, BoxError> {
+    let conn = raw_conn(url).await?;
+    let acquire = Arc::new(redis::Script::new(scripts::ACQUIRE));
+    let release = Arc::new(redis::Script::new(scripts::RELEASE));
+    let t = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for k in 0..tasks {
+        let mut conn = conn.clone();
+        let (acquire, release) = (acquire.clone(), release.clone());
+        set.spawn(async move {
+            let owner = format!("{k:032x}");
+            for _ in 0..per_task {
+                let key = format!("raw:{{par:{k}}}");
+                let _: i64 = acquire
+                    .key(&key)
+                    .key(format!("{key}:fence"))
+                    .arg(&owner)
+                    .arg(30_000)
+                    .arg(630_000)
+                    .invoke_async(&mut conn)
+                    .await?;
+                let freed: i64 = release
+                    .key(&key)
+                    .arg(&owner)
+                    .arg(format!("{key}:released"))
+                    .arg("raw")
+                    .arg("PUBLISH")
+                    .invoke_async(&mut conn)
+                    .await?;
+                if freed != 1 {
+                    return Err::<(), BoxError>("raw release did not free the key".into());
+                }
+            }
+            Ok(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok((tasks * per_task) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// `n` raw `PING` round trips.
+pub(crate) async fn ping_round_trips(url: &str, n: usize) -> Result<Vec<Duration>, BoxError> {
+    let mut conn = raw_conn(url).await?;
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        lat.push(t.elapsed());
+    }
+    Ok(sorted(lat))
+}
+
+/// The floor of a fan-out on this machine, `n` times: one trivial `EVALSHA` to the first of
+/// `urls` alone, then the same call to all of them at once. Returns (to one, to all).
+pub(crate) async fn fan_out_floor(
+    urls: &[String],
+    n: usize,
+) -> Result<(Vec<Duration>, Vec<Duration>), BoxError> {
+    let mut conns = Vec::new();
+    for url in urls {
+        conns.push(raw_conn(url).await?);
+    }
+    let script = redis::Script::new("return 1");
+    let (mut one, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t = Instant::now();
+        let _: i64 = script.key("k").invoke_async(&mut conns[0].clone()).await?;
+        one.push(t.elapsed());
+        let t = Instant::now();
+        let answers = futures_util::future::join_all(conns.iter().map(|c| {
+            let mut c = c.clone();
+            let script = &script;
+            async move { script.key("k").invoke_async::<i64>(&mut c).await }
+        }))
+        .await;
+        all.push(t.elapsed());
+        for answer in answers {
+            answer?;
+        }
+    }
+    Ok((sorted(one), sorted(all)))
+}

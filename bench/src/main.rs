@@ -1,0 +1,95 @@
+//! The benchmark program: every figure next to a baseline measured in the same run.
+//!
+//! ```text
+//! cargo run --release -p dlock-bench                         # full run, about a minute
+//! cargo run --release -p dlock-bench -- --quick              # smaller counts
+//! cargo run --release -p dlock-bench -- --only seq,hot       # some sections only
+//! cargo run --release -p dlock-bench --features cp-engines   # with etcd and ZooKeeper
+//! ```
+//!
+//! It starts its own `redis-server` (override with `DLOCK_REDIS_SERVER`) on a free loopback
+//! port with no persistence, and prints one Markdown table, a section per workload family:
+//! - `seq`: sequential acquire + release, against two raw `EVALSHA` round trips of a trivial
+//!   script;
+//! - `par`: 64 tasks on distinct keys, against the same two raw calls issued by 64 tasks;
+//! - `hot`: a hot key: 256 tasks in one process on one key, critical section `GET` + `SET` of a
+//!   counter; sales/s, handoff latency (release sent by one holder to acquisition by the next,
+//!   against one raw round trip), and Redis commands per sale from `INFO commandstats`;
+//! - `many`: 10,000 locks held at once with a 3 s lease for 10 s: renewal calls per second and
+//!   the process's memory per held lock;
+//! - `macro`: the attribute's cost: an annotated function against the same body written by
+//!   hand with `lock().acquire()` + body + `release()`, on the memory and Redis backends;
+//! - `multi`: Redlock (3 and 5 nodes) and a 3-master Cluster against standalone Redis, and the
+//!   floor of a fan-out on this machine;
+//! - `cp` (feature `cp-engines`): etcd and ZooKeeper against their own raw round trips.
+//!
+//! Layout: [`options`] reads the command line, [`servers`] starts every server process,
+//! [`workloads`] holds one module per family, [`baselines`] the raw client calls they are
+//! compared with, [`stats`] percentiles and ratios, [`commandstats`] Redis's command counters,
+//! [`report`] the table.
+
+mod baselines;
+mod commandstats;
+mod options;
+mod report;
+mod servers;
+mod stats;
+mod workloads;
+
+use std::error::Error;
+
+use dlock_runtime::Runtime;
+
+use crate::options::{Options, Section};
+use crate::workloads::{attribute, distinct_keys, fan_out, hot_key, sequential};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// What every section gets: the standalone server's URL, a runtime on it, and the options.
+struct Setup {
+    url: String,
+    rt: Runtime,
+    options: Options,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let options = match Options::parse(std::env::args().skip(1)) {
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            println!("{}", options::USAGE);
+            return Ok(());
+        }
+        Err(e) => {
+            eprintln!("dlock-bench: {e}\n\n{}", options::USAGE);
+            std::process::exit(2);
+        }
+    };
+    let server = servers::redis().await?;
+    let url = server.url().to_owned();
+    let rt = Runtime::builder().redis(&url).build().await?;
+    let setup = Setup { url, rt, options };
+
+    // Warm up connections, scripts and the allocator.
+    sequential::lock_pairs(&setup.rt, 500).await?;
+    baselines::evalsha_pairs(&setup.url, 500).await?;
+
+    let mut rows = Vec::new();
+    for section in Section::ALL {
+        if !setup.options.wants(section) {
+            continue;
+        }
+        rows.extend(match section {
+            Section::Seq => sequential::rows(&setup).await?,
+            Section::Par => distinct_keys::parallel_rows(&setup).await?,
+            Section::Hot => hot_key::rows(&setup).await?,
+            Section::Many => distinct_keys::many_held_rows(&setup).await?,
+            Section::Macro => attribute::rows(&setup).await?,
+            Section::Multi => fan_out::rows(&setup).await?,
+            Section::Cp => workloads::cp_rows(&setup).await?,
+        });
+    }
+    report::print(&rows);
+    drop(server);
+    Ok(())
+}

@@ -1,0 +1,36 @@
+//! The workloads, one module per family; each section returns its rows of the table.
+
+pub(crate) mod attribute;
+#[cfg(feature = "cp-engines")]
+mod cp;
+pub(crate) mod distinct_keys;
+pub(crate) mod fan_out;
+pub(crate) mod hot_key;
+pub(crate) mod sequential;
+
+use dlock_runtime::Runtime;
+
+use crate::report::Row;
+use crate::{BoxError, Setup};
+
+/// A runtime of its own on the standalone server, its keys under `prefix`, so that a workload
+/// shares neither connections nor keys with the others.
+async fn redis_runtime(url: &str, prefix: &str) -> Result<Runtime, BoxError> {
+    Ok(Runtime::builder()
+        .redis(url)
+        .key_prefix(prefix)
+        .build()
+        .await?)
+}
+
+/// The etcd and ZooKeeper rows; without the `cp-engines` feature none, and a note on stderr.
+pub(crate) async fn cp_rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
+    #[cfg(feature = "cp-engines")]
+    return cp::rows(setup).await;
+    #[cfg(not(feature = "cp-engines"))]
+    {
+        let _ = setup;
+        eprintln!("etcd and ZooKeeper rows: run with --features cp-engines");
+        Ok(Vec::new())
+    }
+}
