@@ -4,6 +4,7 @@
 //! the engine named by the scheme reads the base, the fragment and the remaining options, and
 //! rejects what it does not know with its own message.
 
+use super::{EngineConfig, Setting};
 use crate::LockError;
 
 /// The options every lock URL takes: the runtime's, whatever the engine.
@@ -82,6 +83,23 @@ impl<'a> EngineUrl<'a> {
             )));
         }
         Ok(hosts)
+    }
+
+    /// Gives every option to `config`, except those in `pass_through` (read by the engine's
+    /// client from its node URLs); an option `config` does not know is `InvalidConfig`
+    /// naming every valid one.
+    pub(crate) fn apply_options(
+        &self,
+        config: &mut dyn EngineConfig,
+        pass_through: &[&str],
+    ) -> Result<(), LockError> {
+        for pair in &self.options {
+            let (name, value) = split_pair(pair);
+            if !pass_through.contains(&name) && !config.set(name, Setting::Text(value))? {
+                return Err(self.unknown_option(pair, config.options()));
+            }
+        }
+        Ok(())
     }
 
     /// The error for an option the engine does not know, listing every valid one.

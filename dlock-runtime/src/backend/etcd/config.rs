@@ -22,13 +22,10 @@ impl EtcdConfig {
 
     /// `etcd://h1:p1,h2:p2`.
     pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
-        if let Some(unknown) = url.options.first() {
-            return Err(url.unknown_option(unknown, &[]));
-        }
         let hosts = url.hosts("etcd://host1:port1,host2:port2,...")?;
-        Ok(Box::new(Self::new(
-            hosts.iter().map(|h| format!("http://{h}")).collect(),
-        )))
+        let mut config = Self::new(hosts.iter().map(|h| format!("http://{h}")).collect());
+        url.apply_options(&mut config, &[])?;
+        Ok(Box::new(config))
     }
 }
 

@@ -165,12 +165,13 @@ pub(crate) struct MemoryConfig;
 
 impl MemoryConfig {
     pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
-        if !url.base.is_empty() || !url.options.is_empty() || url.fragment.is_some() {
+        if !url.base.is_empty() || url.fragment.is_some() {
             return Err(LockError::config(format!(
-                "`{}`: memory:// takes no host and only the prefix, lease, wait and timeout options",
+                "`{}`: memory:// takes no host",
                 url.url
             )));
         }
+        url.apply_options(&mut Self, &[])?;
         Ok(Box::new(Self))
     }
 }

@@ -41,37 +41,27 @@ impl fmt::Debug for RedisConfig {
 impl RedisConfig {
     /// `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`.
     pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
-        let config = match url.scheme.strip_suffix("+cluster") {
+        let mut config = match url.scheme.strip_suffix("+cluster") {
             Some(node_scheme) => {
                 let hosts = url.hosts(&format!("{}://host1:port1,host2:port2,...", url.scheme))?;
-                Self::Cluster(node_urls(url, node_scheme, &hosts, &[])?)
+                Self::Cluster(node_urls(url, node_scheme, &hosts))
             }
-            None => Self::Single(node_urls(url, url.scheme, &[url.base], &[])?.remove(0)),
+            None => Self::Single(node_urls(url, url.scheme, &[url.base]).remove(0)),
         };
+        url.apply_options(&mut config, &CLIENT_OPTIONS)?;
         Ok(Box::new(config))
     }
 }
 
 /// One node URL per host: `node_scheme://host`, plus the URL's client options and fragment.
-/// Options other than the client's and `extra` are rejected.
-pub(crate) fn node_urls(
-    url: &EngineUrl<'_>,
-    node_scheme: &str,
-    hosts: &[&str],
-    extra: &[&str],
-) -> Result<Vec<String>, LockError> {
-    let mut valid: Vec<&str> = extra.to_vec();
-    valid.extend_from_slice(&CLIENT_OPTIONS);
-    let mut client_options = Vec::new();
-    for pair in &url.options {
-        let (name, _) = split_pair(pair);
-        if CLIENT_OPTIONS.contains(&name) {
-            client_options.push(*pair);
-        } else if !extra.contains(&name) {
-            return Err(url.unknown_option(pair, &valid));
-        }
-    }
-    Ok(hosts
+pub(crate) fn node_urls(url: &EngineUrl<'_>, node_scheme: &str, hosts: &[&str]) -> Vec<String> {
+    let client_options: Vec<&str> = url
+        .options
+        .iter()
+        .copied()
+        .filter(|pair| CLIENT_OPTIONS.contains(&split_pair(pair).0))
+        .collect();
+    hosts
         .iter()
         .map(|host| {
             let mut node = format!("{node_scheme}://{host}");
@@ -85,7 +75,7 @@ pub(crate) fn node_urls(
             }
             node
         })
-        .collect())
+        .collect()
 }
 
 /// A `rediss://` URL needs the `tls` feature; `#insecure` needs `tls-insecure-skip-verify`.
@@ -242,11 +232,12 @@ mod tests {
     fn node_urls_carry_client_options_and_reject_others() {
         let url = EngineUrl::parse("redis+cluster://a:1,b:2?db=0#insecure").expect("url");
         assert_eq!(
-            node_urls(&url, "redis", &["a:1", "b:2"], &[]).expect("urls"),
+            node_urls(&url, "redis", &["a:1", "b:2"]),
             vec!["redis://a:1?db=0#insecure", "redis://b:2?db=0#insecure"]
         );
         let url = EngineUrl::parse("redis://a:1?dbb=2").expect("url");
-        let err = node_urls(&url, "redis", &["a:1"], &[]).expect_err("typo");
+        let err = RedisConfig::from_url(&url).expect_err("typo");
         assert!(err.is_invalid_config());
+        assert!(err.to_string().contains("`dbb=2`"), "{err}");
     }
 }

@@ -16,7 +16,7 @@ use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig, Setting};
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The engine's own options (beside the redis client's).
-const OPTIONS: [&str; 5] = ["node_timeout", "protocol", "db", "user", "pass"];
+const OPTIONS: [&str; 6] = ["node_timeout", "protocol", "db", "user", "pass", "ca"];
 
 #[derive(Clone)]
 pub(crate) struct RedlockConfig {
@@ -48,10 +48,8 @@ impl RedlockConfig {
     /// `redlock://h1:p1,h2:p2,h3:p3?node_timeout=..`; the client's options go to every node.
     pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
         let hosts = url.hosts("redlock://host1:port1,host2:port2,...")?;
-        let mut config = Self::new(node_urls(url, "redis", &hosts, &["node_timeout"])?);
-        for (name, value) in url.clone().take_options(&["node_timeout"]) {
-            config.set(name, Setting::Text(value))?;
-        }
+        let mut config = Self::new(node_urls(url, "redis", &hosts));
+        url.apply_options(&mut config, &CLIENT_OPTIONS)?;
         Ok(Box::new(config))
     }
 }

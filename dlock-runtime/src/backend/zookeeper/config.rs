@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::ZooKeeperBackend;
 use crate::LockError;
-use crate::backend::url::{EngineUrl, split_pair};
+use crate::backend::url::EngineUrl;
 use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig, Setting};
 
 /// Default ZooKeeper session timeout: the bound after which a dead holder's lock is freed.
@@ -40,12 +40,7 @@ impl ZooKeeperConfig {
             )));
         }
         let mut config = Self::new(url.base.to_owned());
-        for pair in &url.options {
-            let (name, value) = split_pair(pair);
-            if !config.set(name, Setting::Text(value))? {
-                return Err(url.unknown_option(pair, &OPTIONS));
-            }
-        }
+        url.apply_options(&mut config, &[])?;
         Ok(Box::new(config))
     }
 }
