@@ -58,6 +58,7 @@ pub(crate) fn memory() -> Result<Box<dyn EngineConfig>, LockError> {
 }
 
 /// One Redis server.
+#[cfg_attr(not(feature = "redis"), allow(unused_variables))]
 pub(crate) fn redis(url: String) -> Result<Box<dyn EngineConfig>, LockError> {
     with_feature!("redis", "Redis", {
         Ok(Box::new(
@@ -67,6 +68,7 @@ pub(crate) fn redis(url: String) -> Result<Box<dyn EngineConfig>, LockError> {
 }
 
 /// A Redis Cluster, one URL per seed node.
+#[cfg_attr(not(feature = "redis"), allow(unused_variables))]
 pub(crate) fn redis_cluster(seeds: Vec<String>) -> Result<Box<dyn EngineConfig>, LockError> {
     with_feature!("redis", "Redis Cluster", {
         Ok(Box::new(
@@ -76,6 +78,7 @@ pub(crate) fn redis_cluster(seeds: Vec<String>) -> Result<Box<dyn EngineConfig>,
 }
 
 /// Redlock, one URL per independent master.
+#[cfg_attr(not(feature = "redis"), allow(unused_variables))]
 pub(crate) fn redlock(nodes: Vec<String>) -> Result<Box<dyn EngineConfig>, LockError> {
     with_feature!("redis", "Redlock", {
         Ok(Box::new(
@@ -85,6 +88,7 @@ pub(crate) fn redlock(nodes: Vec<String>) -> Result<Box<dyn EngineConfig>, LockE
 }
 
 /// etcd, one `http://` endpoint per member.
+#[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
 pub(crate) fn etcd(endpoints: Vec<String>) -> Result<Box<dyn EngineConfig>, LockError> {
     with_feature!("etcd", format!("etcd ({})", endpoints.join(",")), {
         Ok(Box::new(crate::backend::etcd::config::EtcdConfig::new(
@@ -94,6 +98,7 @@ pub(crate) fn etcd(endpoints: Vec<String>) -> Result<Box<dyn EngineConfig>, Lock
 }
 
 /// ZooKeeper, `host:port,host:port[/chroot]`.
+#[cfg_attr(not(feature = "zookeeper"), allow(unused_variables))]
 pub(crate) fn zookeeper(connect: String) -> Result<Box<dyn EngineConfig>, LockError> {
     with_feature!("zookeeper", format!("zk://{connect}"), {
         Ok(Box::new(

@@ -135,6 +135,7 @@ impl WaitHub {
     }
 
     /// Notifications may have been missed (a reconnect): every head waiter retries.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn wake_all(&self) {
         for (queue, _) in self.queues().values() {
             queue.clear_held();

@@ -61,6 +61,7 @@ pub(crate) enum Released {
 
 /// Where an engine delivers "this key may be free now" (the runtime's wait hub). Engines that
 /// notify (Redis pub/sub) call it from their connection's push handler.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) trait Wakeups: Send + Sync + 'static {
     /// `key` may be free: wake its local head waiter.
     fn wake(&self, key: &str);
@@ -70,14 +71,20 @@ pub(crate) trait Wakeups: Send + Sync + 'static {
 
 /// What the runtime hands an engine when it connects.
 #[derive(Clone)]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
+    allow(dead_code)
+)]
 pub(crate) struct Context {
     /// Prefix of every engine key (`"dlock:"`).
     pub(crate) prefix: String,
     /// This runtime's random id: names its own release messages.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) origin: String,
     /// Bound on connecting and on each engine call.
     pub(crate) timeout: Duration,
     /// Where release notifications go.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) wakeups: Arc<dyn Wakeups>,
 }
 
@@ -102,6 +109,7 @@ impl Setting<'_> {
     }
 
     /// A duration option that must be positive.
+    #[cfg_attr(not(any(feature = "redis", feature = "zookeeper")), allow(dead_code))]
     pub(crate) fn positive_duration(self, name: &str) -> Result<Duration, LockError> {
         let d = self.duration(name)?;
         if d.is_zero() {

@@ -68,6 +68,7 @@ impl<'a> EngineUrl<'a> {
         taken
     }
 
+    #[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
     /// The comma-separated hosts of the base (before any `/path`), none of them empty.
     pub(crate) fn hosts(&self, expected: &str) -> Result<Vec<&'a str>, LockError> {
         let hosts: Vec<&str> = self

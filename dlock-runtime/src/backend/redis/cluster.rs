@@ -66,23 +66,21 @@ impl ClusterLink {
             .map(|s| redact(s))
             .collect::<Vec<_>>()
             .join(",");
-        let mut builder = ClusterClientBuilder::new(urls);
-        if let Some(root_cert) = ca {
+        let builder = ClusterClientBuilder::new(urls);
+        let builder = match ca {
+            None => builder,
             #[cfg(feature = "tls")]
-            {
-                builder = builder.certs(redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                });
-            }
+            Some(root_cert) => builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_cert),
+            }),
             #[cfg(not(feature = "tls"))]
-            {
-                let _ = root_cert;
+            Some(_) => {
                 return Err(LockError::config(format!(
                     "`{seeds_text}`: `ca` needs the `tls` feature of dlock-runtime"
                 )));
             }
-        }
+        };
         let client = builder
             .use_protocol(ProtocolVersion::RESP3)
             .push_sender(on_push)
