@@ -61,28 +61,47 @@ fn bad_builders(engine: Engine) -> Vec<(&'static str, RuntimeBuilder)> {
     let b = Runtime::builder;
     match engine {
         Engine::Memory => vec![
-            ("a zero default lease", b().memory().default_lease(Duration::ZERO)),
+            (
+                "a zero default lease",
+                b().memory().default_lease(Duration::ZERO),
+            ),
             ("a zero timeout", b().memory().timeout(Duration::ZERO)),
         ],
         Engine::Redis => vec![
             ("a URL that is not one", b().redis("not a url")),
-            ("a zero timeout", b().redis("redis://127.0.0.1:1").timeout(Duration::ZERO)),
+            (
+                "a zero timeout",
+                b().redis("redis://127.0.0.1:1").timeout(Duration::ZERO),
+            ),
         ],
         Engine::Cluster => vec![
             ("no seeds", b().redis_cluster(Vec::<String>::new())),
-            ("a seed that is not a redis URL", b().redis_cluster(["http://127.0.0.1:1"])),
+            (
+                "a seed that is not a redis URL",
+                b().redis_cluster(["http://127.0.0.1:1"]),
+            ),
         ],
         Engine::Redlock => vec![
             ("no nodes", b().redlock(Vec::<String>::new())),
-            ("two nodes", b().redlock(["redis://127.0.0.1:1", "redis://127.0.0.1:2"])),
+            (
+                "two nodes",
+                b().redlock(["redis://127.0.0.1:1", "redis://127.0.0.1:2"]),
+            ),
         ],
         Engine::Etcd => vec![
             ("no endpoints", b().etcd(Vec::<String>::new())),
-            ("a zero default lease", b().etcd(["http://127.0.0.1:1"]).default_lease(Duration::ZERO)),
+            (
+                "a zero default lease",
+                b().etcd(["http://127.0.0.1:1"])
+                    .default_lease(Duration::ZERO),
+            ),
         ],
         Engine::ZooKeeper => vec![
             ("an empty connect string", b().zookeeper("")),
-            ("a zero session timeout", b().zookeeper("127.0.0.1:2").session_timeout(Duration::ZERO)),
+            (
+                "a zero session timeout",
+                b().zookeeper("127.0.0.1:2").session_timeout(Duration::ZERO),
+            ),
         ],
     }
 }
@@ -104,9 +123,15 @@ fn assert_invalid(engine: Engine, what: &str, out: Result<Runtime, LockError>, t
         "{engine:?}: {what}: messages are lowercase: {message:?}"
     );
     if what.contains("no_such_option") {
-        assert!(message.contains("no_such_option"), "{engine:?}: name the option: {message}");
+        assert!(
+            message.contains("no_such_option"),
+            "{engine:?}: name the option: {message}"
+        );
     }
-    assert!(took < Duration::from_secs(1), "{engine:?}: {what}: refused after {took:?}, not at once");
+    assert!(
+        took < Duration::from_secs(1),
+        "{engine:?}: {what}: refused after {took:?}, not at once"
+    );
 }
 
 /// Every bad URL and builder of the engine is `InvalidConfig`, within a second.

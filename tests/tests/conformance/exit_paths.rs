@@ -161,7 +161,10 @@ pub(crate) async fn release_on_panic_and_cancellation_while_holding(engine: Engi
         out = critical => panic!("{engine:?}: the body cannot finish: {out:?}"),
         held = held_rx => held.expect("the body runs"),
     }
-    assert!(body_dropped.load(Ordering::SeqCst), "the body future was dropped");
+    assert!(
+        body_dropped.load(Ordering::SeqCst),
+        "the body future was dropped"
+    );
     let took = acquire_within(&other, key, RELEASE_WITHIN, "after the future dropped").await;
     println!("{engine:?}: another owner got the key {took:?} after the future dropped");
 }
@@ -206,12 +209,18 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(engine: Engine) {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!aborted.is_finished(), "{engine:?}: a waiter got a held key");
+    assert!(
+        !aborted.is_finished(),
+        "{engine:?}: a waiter got a held key"
+    );
     assert!(!next.is_finished(), "{engine:?}: a waiter got a held key");
     aborted.abort();
     assert!(aborted.await.expect_err("aborted").is_cancelled());
     let out = dropped.await.expect("task");
-    assert!(out.is_err(), "{engine:?}: the timer drops the waiter: {out:?}");
+    assert!(
+        out.is_err(),
+        "{engine:?}: the timer drops the waiter: {out:?}"
+    );
     assert!(!next.is_finished(), "{engine:?}: a waiter got a held key");
     let released = Instant::now();
     holder.release().await.expect("release");
@@ -221,7 +230,9 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(engine: Engine) {
         .expect("task");
     let guard = guard.unwrap_or_else(|e| panic!("{engine:?}: the next waiter: {e:?}"));
     let latency = acquired.saturating_duration_since(released);
-    println!("{engine:?}: the waiter behind two cancelled ones got the key {latency:?} after the release");
+    println!(
+        "{engine:?}: the waiter behind two cancelled ones got the key {latency:?} after the release"
+    );
     assert!(
         latency < RELEASE_WITHIN,
         "{engine:?}: the waiter behind two cancelled ones got the key {latency:?} after the release"
@@ -279,7 +290,11 @@ pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engin
     let key = "conformance:exit:cut-acquire";
     let (mut acquired, mut cut) = (0u32, 0u32);
     for i in 0..450 {
-        let acquire = rt.lock(key).lease(LONG_LEASE).wait(Duration::from_secs(5)).acquire();
+        let acquire = rt
+            .lock(key)
+            .lease(LONG_LEASE)
+            .wait(Duration::from_secs(5))
+            .acquire();
         let outcome = match i % 3 {
             0 => poll_then_drop(acquire, 1 + rng.below(40)).await,
             1 => drop_after(acquire, Duration::from_micros(rng.below(400))).await,
@@ -298,7 +313,10 @@ pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engin
         }
     }
     println!("{engine:?}: {acquired} acquired then dropped, {cut} cut mid-acquire");
-    assert!(cut > 0, "{engine:?}: no acquisition was cut mid-flight; the test proves nothing");
+    assert!(
+        cut > 0,
+        "{engine:?}: no acquisition was cut mid-flight; the test proves nothing"
+    );
     assert_left_free(&other, key, "after acquisitions cut mid-flight").await;
 
     let key = "conformance:exit:cut-hand-off";
@@ -312,7 +330,11 @@ pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engin
             .unwrap_or_else(|e| panic!("{engine:?}: holder: {e:?}"));
         let waiters: Vec<_> = (0..5)
             .map(|i| {
-                let rt = if i % 2 == 0 { rt.clone() } else { other.clone() };
+                let rt = if i % 2 == 0 {
+                    rt.clone()
+                } else {
+                    other.clone()
+                };
                 tokio::spawn(async move {
                     let guard = rt
                         .lock(key)

@@ -14,7 +14,10 @@ use crate::support::LONG_LEASE;
 #[track_caller]
 fn token(engine: Engine, fences: bool, fence: Option<u64>) -> Option<u64> {
     if fences {
-        assert!(fence.is_some(), "{engine:?}: a fresh holder must get a fence");
+        assert!(
+            fence.is_some(),
+            "{engine:?}: a fresh holder must get a fence"
+        );
     } else {
         assert_eq!(fence, None, "{engine:?}: no fence on this engine");
     }
@@ -24,7 +27,10 @@ fn token(engine: Engine, fences: bool, fence: Option<u64>) -> Option<u64> {
 #[track_caller]
 fn assert_strictly_increasing(engine: Engine, fences: &[Option<u64>]) {
     for pair in fences.windows(2) {
-        assert!(pair[0] < pair[1], "{engine:?}: fences not strictly increasing: {fences:?}");
+        assert!(
+            pair[0] < pair[1],
+            "{engine:?}: fences not strictly increasing: {fences:?}"
+        );
     }
 }
 
@@ -40,7 +46,12 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
     let key = "conformance:fencing:successive";
     let mut seen = Vec::new();
     for i in 0..20 {
-        let guard = rts[i % 2].lock(key).lease(LONG_LEASE).acquire().await.expect("acquire");
+        let guard = rts[i % 2]
+            .lock(key)
+            .lease(LONG_LEASE)
+            .acquire()
+            .await
+            .expect("acquire");
         seen.push(token(engine, fences, guard.fence()));
         guard.release().await.expect("release");
     }
@@ -86,22 +97,39 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
 
     let key = "conformance:fencing:reentrant";
     let rt = &rts[0];
-    let first = rt.lock(key).lease(LONG_LEASE).acquire().await.expect("first");
+    let first = rt
+        .lock(key)
+        .lease(LONG_LEASE)
+        .acquire()
+        .await
+        .expect("first");
     let f1 = token(engine, fences, first.fence());
     first.release().await.expect("release");
     let f2 = with_lock(rt.lock(key).lease(LONG_LEASE), async {
         let outer = token(engine, fences, current_fence());
         let inner = rt.lock(key).acquire().await.expect("re-enters");
-        assert_eq!(inner.fence(), outer, "{engine:?}: a reentrant hold keeps the outer fence");
+        assert_eq!(
+            inner.fence(),
+            outer,
+            "{engine:?}: a reentrant hold keeps the outer fence"
+        );
         let nested = with_lock(rt.lock(key), async { current_fence() })
             .await
             .expect("nested");
-        assert_eq!(nested, outer, "{engine:?}: a nested with_lock keeps the outer fence");
+        assert_eq!(
+            nested, outer,
+            "{engine:?}: a nested with_lock keeps the outer fence"
+        );
         outer
     })
     .await
     .expect("with_lock");
-    let third = rts[1].lock(key).lease(LONG_LEASE).acquire().await.expect("third");
+    let third = rts[1]
+        .lock(key)
+        .lease(LONG_LEASE)
+        .acquire()
+        .await
+        .expect("third");
     let f3 = token(engine, fences, third.fence());
     if fences {
         assert_strictly_increasing(engine, &[f1, f2, f3]);

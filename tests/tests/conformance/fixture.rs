@@ -37,6 +37,11 @@ pub(crate) struct Params {
     pub(crate) wake_within: Duration,
     /// Whether `fence()` is a token: everywhere but Redlock, where it is `None`.
     pub(crate) fences: bool,
+    /// Whether the engine itself drops a lock record when its lease runs out. Not on
+    /// ZooKeeper, where a lock node lives as long as the holder's session: a lease that runs out
+    /// is lost to its holder (`lost()`, `with_lock` cancelled and released), but a guard kept
+    /// after that holds the node until it is released or dropped, or the session ends.
+    pub(crate) lease_expires_on_the_engine: bool,
 }
 
 /// Redlock's per-node timeout in these tests: a slow node on a loaded box must not turn into
@@ -50,6 +55,7 @@ impl Engine {
             hold_for: Duration::from_secs(5),
             wake_within: Duration::from_millis(200),
             fences: true,
+            lease_expires_on_the_engine: true,
         };
         match self {
             Engine::Memory | Engine::Redis => one_second,
@@ -62,11 +68,15 @@ impl Engine {
                 fences: false,
                 ..one_second
             },
-            Engine::Etcd | Engine::ZooKeeper => Params {
+            Engine::Etcd => Params {
                 short_lease: Duration::from_secs(2),
                 hold_for: Duration::from_secs(6),
                 wake_within: Duration::from_millis(500),
-                fences: true,
+                ..one_second
+            },
+            Engine::ZooKeeper => Params {
+                lease_expires_on_the_engine: false,
+                ..Engine::Etcd.params()
             },
         }
     }
@@ -192,6 +202,10 @@ impl Fixture {
                 .await
                 .expect("force_unlock"),
         };
-        assert!(deleted, "{:?}: no lock record of {key:?} to delete", self.engine);
+        assert!(
+            deleted,
+            "{:?}: no lock record of {key:?} to delete",
+            self.engine
+        );
     }
 }

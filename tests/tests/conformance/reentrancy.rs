@@ -44,7 +44,10 @@ pub(crate) async fn nested_acquisition_reenters_and_inner_exit_keeps_the_hold(en
         })
         .await
         .expect("a nested with_lock re-enters");
-        assert_eq!(nested, outer, "{engine:?}: nested with_lock keeps the outer fence");
+        assert_eq!(
+            nested, outer,
+            "{engine:?}: nested with_lock keeps the outer fence"
+        );
         assert_busy(&other, key, "after a nested with_lock exited").await;
 
         let inner = rt
@@ -54,7 +57,11 @@ pub(crate) async fn nested_acquisition_reenters_and_inner_exit_keeps_the_hold(en
             .acquire()
             .await
             .expect("acquire() inside the chain re-enters");
-        assert_eq!(inner.fence(), outer, "{engine:?}: acquire() keeps the outer fence");
+        assert_eq!(
+            inner.fence(),
+            outer,
+            "{engine:?}: acquire() keeps the outer fence"
+        );
         inner.release().await.expect("inner release");
         assert_busy(&other, key, "after an inner release()").await;
 
@@ -103,23 +110,45 @@ pub(crate) async fn other_tasks_and_plain_acquires_are_other_owners(engine: Engi
                     .map(drop)
             })
         };
-        let err = spawned.await.expect("task").expect_err("a spawned task is another owner");
-        assert!(err.is_timeout(), "{engine:?}: expected Timeout, got {err:?}");
+        let err = spawned
+            .await
+            .expect("task")
+            .expect_err("a spawned task is another owner");
+        assert!(
+            err.is_timeout(),
+            "{engine:?}: expected Timeout, got {err:?}"
+        );
         let spawned = {
             let rt = rt.clone();
             tokio::spawn(async move {
-                with_lock(rt.lock(key).lease(LONG_LEASE).wait(Duration::from_millis(300)), async {})
-                    .await
+                with_lock(
+                    rt.lock(key)
+                        .lease(LONG_LEASE)
+                        .wait(Duration::from_millis(300)),
+                    async {},
+                )
+                .await
             })
         };
-        let err = spawned.await.expect("task").expect_err("a spawned task is another owner");
-        assert!(err.is_timeout(), "{engine:?}: expected Timeout, got {err:?}");
+        let err = spawned
+            .await
+            .expect("task")
+            .expect_err("a spawned task is another owner");
+        assert!(
+            err.is_timeout(),
+            "{engine:?}: expected Timeout, got {err:?}"
+        );
     })
     .await
     .expect("outer");
 
     let key = "conformance:reentrancy:outside";
-    let first = rt.lock(key).lease(LONG_LEASE).acquire().await.expect("first");
+    let first = rt
+        .lock(key)
+        .lease(LONG_LEASE)
+        .acquire()
+        .await
+        .expect("first");
     let err = rt
         .lock(key)
         .lease(LONG_LEASE)
@@ -128,7 +157,10 @@ pub(crate) async fn other_tasks_and_plain_acquires_are_other_owners(engine: Engi
         .await
         .map(drop)
         .expect_err("outside a chain each acquire() is its own owner");
-    assert!(err.is_timeout(), "{engine:?}: expected Timeout, got {err:?}");
+    assert!(
+        err.is_timeout(),
+        "{engine:?}: expected Timeout, got {err:?}"
+    );
     first.release().await.expect("release");
 }
 
@@ -143,7 +175,12 @@ pub(crate) async fn current_fence_is_the_innermost_holds(engine: Engine) {
 
     let key = "conformance:reentrancy:current-fence";
     assert_eq!(current_fence(), None, "no chain, no fence");
-    let before = rt.lock(key).lease(LONG_LEASE).acquire().await.expect("before");
+    let before = rt
+        .lock(key)
+        .lease(LONG_LEASE)
+        .acquire()
+        .await
+        .expect("before");
     let before_fence = before.fence();
     assert_eq!(current_fence(), None, "a plain guard is not a call chain");
     before.release().await.expect("release");
@@ -156,32 +193,73 @@ pub(crate) async fn current_fence_is_the_innermost_holds(engine: Engine) {
     .await
     .expect("with_lock");
     assert_eq!(current_fence(), None, "after the chain, no fence");
-    let after = rt.lock(key).lease(LONG_LEASE).acquire().await.expect("after");
+    let after = rt
+        .lock(key)
+        .lease(LONG_LEASE)
+        .acquire()
+        .await
+        .expect("after");
     if fences {
-        assert!(before_fence.is_some() && inside > before_fence, "{engine:?}: {inside:?} after {before_fence:?}");
-        assert!(after.fence() > inside, "{engine:?}: {:?} after {inside:?}", after.fence());
+        assert!(
+            before_fence.is_some() && inside > before_fence,
+            "{engine:?}: {inside:?} after {before_fence:?}"
+        );
+        assert!(
+            after.fence() > inside,
+            "{engine:?}: {:?} after {inside:?}",
+            after.fence()
+        );
     } else {
-        assert_eq!((before_fence, inside, after.fence()), (None, None, None), "{engine:?}: no fences");
+        assert_eq!(
+            (before_fence, inside, after.fence()),
+            (None, None, None),
+            "{engine:?}: no fences"
+        );
     }
     after.release().await.expect("release");
 
-    let (outer_key, inner_key) = ("conformance:reentrancy:outer-key", "conformance:reentrancy:inner-key");
+    let (outer_key, inner_key) = (
+        "conformance:reentrancy:outer-key",
+        "conformance:reentrancy:inner-key",
+    );
     // Move the inner key's tokens ahead so that the two keys' fences differ on every engine.
     for _ in 0..3 {
-        rt.lock(inner_key).acquire().await.expect("bump").release().await.expect("release");
+        rt.lock(inner_key)
+            .acquire()
+            .await
+            .expect("bump")
+            .release()
+            .await
+            .expect("release");
     }
     with_lock(rt.lock(outer_key).lease(LONG_LEASE), async {
         let outer = current_fence();
         with_lock(rt.lock(inner_key).lease(LONG_LEASE), async {
-            let inner = rt.lock(inner_key).acquire().await.expect("re-enters the inner key");
+            let inner = rt
+                .lock(inner_key)
+                .acquire()
+                .await
+                .expect("re-enters the inner key");
             if fences {
-                assert_ne!(inner.fence(), outer, "{engine:?}: the two keys' fences must differ");
+                assert_ne!(
+                    inner.fence(),
+                    outer,
+                    "{engine:?}: the two keys' fences must differ"
+                );
             }
-            assert_eq!(current_fence(), inner.fence(), "{engine:?}: the innermost lock's fence");
+            assert_eq!(
+                current_fence(),
+                inner.fence(),
+                "{engine:?}: the innermost lock's fence"
+            );
         })
         .await
         .expect("inner");
-        assert_eq!(current_fence(), outer, "{engine:?}: back to the outer lock's fence");
+        assert_eq!(
+            current_fence(),
+            outer,
+            "{engine:?}: back to the outer lock's fence"
+        );
     })
     .await
     .expect("outer");

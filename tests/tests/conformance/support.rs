@@ -54,7 +54,12 @@ pub(crate) async fn assert_busy(rt: &Runtime, key: &str, when: &str) {
 
 /// Another owner on `rt` waits at most `within` for `key`, then releases it; returns how long
 /// the acquisition took. Panics if it timed out.
-pub(crate) async fn acquire_within(rt: &Runtime, key: &str, within: Duration, when: &str) -> Duration {
+pub(crate) async fn acquire_within(
+    rt: &Runtime,
+    key: &str,
+    within: Duration,
+    when: &str,
+) -> Duration {
     let (rt, key_owned) = (rt.clone(), key.to_owned());
     let start = Instant::now();
     let out = tokio::spawn(async move {
@@ -69,7 +74,9 @@ pub(crate) async fn acquire_within(rt: &Runtime, key: &str, within: Duration, wh
     })
     .await
     .expect("task");
-    out.unwrap_or_else(|e| panic!("{when}: another owner did not get {key:?} within {within:?}: {e:?}"))
+    out.unwrap_or_else(|e| {
+        panic!("{when}: another owner did not get {key:?} within {within:?}: {e:?}")
+    })
 }
 
 /// Sets a flag when dropped: tells whether a body future was dropped (cancelled).

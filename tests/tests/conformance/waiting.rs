@@ -37,8 +37,16 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
         .await
         .map(drop)
         .expect_err("the key is held");
-    assert!(err.is_timeout(), "{engine:?}: expected Timeout, got {err:?}");
-    assert_between("wait = 0 on a held key", start.elapsed(), Duration::ZERO, Duration::from_secs(1));
+    assert!(
+        err.is_timeout(),
+        "{engine:?}: expected Timeout, got {err:?}"
+    );
+    assert_between(
+        "wait = 0 on a held key",
+        start.elapsed(),
+        Duration::ZERO,
+        Duration::from_secs(1),
+    );
 
     let wait = Duration::from_millis(300);
     let start = Instant::now();
@@ -54,19 +62,34 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
     match &err {
         LockError::Timeout { key: k, waited, .. } => {
             assert_eq!(k, key);
-            assert!(*waited >= wait, "{engine:?}: waited {waited:?} < wait {wait:?}");
+            assert!(
+                *waited >= wait,
+                "{engine:?}: waited {waited:?} < wait {wait:?}"
+            );
         }
         other => panic!("{engine:?}: expected Timeout, got {other:?}"),
     }
     assert!(err.is_timeout());
     assert_eq!(err.key(), Some(key));
     let message = err.to_string();
-    assert!(message.contains(key), "the message names the key: {message}");
-    assert_between("wait = 300 ms on a held key", took, wait, Duration::from_millis(1500));
+    assert!(
+        message.contains(key),
+        "the message names the key: {message}"
+    );
+    assert_between(
+        "wait = 300 ms on a held key",
+        took,
+        wait,
+        Duration::from_millis(1500),
+    );
 
     let waiters: Vec<_> = (0..10)
         .map(|i| {
-            let rt = if i % 2 == 0 { rt.clone() } else { other.clone() };
+            let rt = if i % 2 == 0 {
+                rt.clone()
+            } else {
+                other.clone()
+            };
             tokio::spawn(async move {
                 let start = Instant::now();
                 let out = rt.lock(key).lease(LONG_LEASE).wait(wait).acquire().await;
@@ -77,8 +100,16 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
     for waiter in waiters {
         let (out, took) = waiter.await.expect("task");
         let err = out.expect_err("the key stays held");
-        assert!(err.is_timeout(), "{engine:?}: expected Timeout, got {err:?}");
-        assert_between("a queued waiter with wait = 300 ms", took, wait, Duration::from_millis(1500));
+        assert!(
+            err.is_timeout(),
+            "{engine:?}: expected Timeout, got {err:?}"
+        );
+        assert_between(
+            "a queued waiter with wait = 300 ms",
+            took,
+            wait,
+            Duration::from_millis(1500),
+        );
     }
     holder.release().await.expect("release");
     assert_free(&other, key, "after the timed-out waiters and the release").await;
@@ -113,7 +144,10 @@ pub(crate) async fn release_wakes_a_waiter_long_before_the_lease(engine: Engine)
         };
         // Let the waiter find the key busy and go to sleep.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!waiter.is_finished(), "{engine:?}: the waiter got a held key");
+        assert!(
+            !waiter.is_finished(),
+            "{engine:?}: the waiter got a held key"
+        );
         let released = Instant::now();
         holder.release().await.expect("release");
         let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
