@@ -8,13 +8,13 @@ use std::time::Duration;
 use crate::fixture::{Engine, Fixture};
 use crate::support::LONG_LEASE;
 
-/// Three runtimes with four tasks each take one key five times each. Inside, an overlap
+/// Three runtimes with seventeen tasks each take one key ten times each. Inside, an overlap
 /// detector must read zero, and a counter is read, the task sleeps, and the counter is written
 /// back plus one: without exclusion, updates are lost.
 pub(crate) async fn mutual_exclusion_with_many_contenders(engine: Engine) {
     const RUNTIMES: usize = 3;
-    const TASKS_PER_RUNTIME: usize = 4;
-    const ITERATIONS: u64 = 5;
+    const TASKS_PER_RUNTIME: usize = 17;
+    const ITERATIONS: u64 = 10;
     let fixture = Fixture::start(engine).await;
     let key = "conformance:exclusion";
     let counter = Arc::new(AtomicU64::new(0));

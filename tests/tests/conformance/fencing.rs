@@ -120,6 +120,12 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
             nested, outer,
             "{engine:?}: a nested with_lock keeps the outer fence"
         );
+        drop(inner);
+        assert_eq!(
+            current_fence(),
+            outer,
+            "{engine:?}: the chain's fence after an inner drop"
+        );
         outer
     })
     .await
