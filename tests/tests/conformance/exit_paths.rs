@@ -18,6 +18,7 @@ use dlock_tests::{Rng, Runtime};
 use crate::fixture::{Engine, Fixture};
 use crate::support::{
     LONG_LEASE, RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free,
+    assert_nothing_left,
 };
 
 /// A business error, to leave a critical section with `?`.
@@ -48,7 +49,8 @@ async fn buy(rt: &Runtime, other: &Runtime, key: &str, stock: u32) -> Result<u32
 }
 
 /// Return, `Err` through `?` and explicit release free the key before the call returns;
-/// dropping a guard frees it within [`RELEASE_WITHIN`].
+/// dropping a guard frees it within [`RELEASE_WITHIN`]; the engine keeps no record of any of
+/// them afterwards.
 pub(crate) async fn release_on_return_err_and_explicit_release(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
@@ -101,6 +103,10 @@ pub(crate) async fn release_on_return_err_and_explicit_release(engine: Engine) {
     drop(guard);
     let took = acquire_within(&other, key, RELEASE_WITHIN, "after the guard dropped").await;
     println!("{engine:?}: another owner got the key {took:?} after the guard dropped");
+    for key in ["return", "ok", "question-mark", "explicit", "drop"] {
+        let key = format!("conformance:exit:{key}");
+        assert_nothing_left(&other, &key, "after every exit").await;
+    }
 }
 
 /// A panic in the body, an aborted task and a dropped `with_lock` future all free the key
@@ -167,6 +173,10 @@ pub(crate) async fn release_on_panic_and_cancellation_while_holding(engine: Engi
     );
     let took = acquire_within(&other, key, RELEASE_WITHIN, "after the future dropped").await;
     println!("{engine:?}: another owner got the key {took:?} after the future dropped");
+    for key in ["panic", "abort", "dropped-future"] {
+        let key = format!("conformance:exit:{key}");
+        assert_nothing_left(&other, &key, "after every exit").await;
+    }
 }
 
 /// Two waiters queue behind a holder (another runtime each) and are cancelled while waiting,
@@ -238,6 +248,7 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(engine: Engine) {
         "{engine:?}: the waiter behind two cancelled ones got the key {latency:?} after the release"
     );
     guard.release().await.expect("release");
+    assert_nothing_left(&rts[1], key, "after the hand-off").await;
     assert_free(&rts[1], key, "after the hand-off").await;
 }
 
@@ -276,6 +287,7 @@ async fn poll_then_drop<F: Future>(fut: F, polls: u64) -> Option<F::Output> {
 async fn assert_left_free(other: &Runtime, key: &str, when: &str) {
     acquire_within(other, key, RELEASE_WITHIN, when).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_nothing_left(other, key, when).await;
     assert_free(other, key, when).await;
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_tests::Runtime;
+use dlock_tests::{Runtime, eventually};
 
 /// A lease no test waits out: a key that frees up within the bounds below was released.
 pub(crate) const LONG_LEASE: Duration = Duration::from_secs(30);
@@ -86,4 +86,14 @@ impl Drop for SetOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
     }
+}
+
+/// Waits until the engine keeps no record of `key` at all (`is_locked` is false: no holder, and
+/// on etcd and ZooKeeper no queued contender either); panics after [`RELEASE_WITHIN`].
+pub(crate) async fn assert_nothing_left(rt: &Runtime, key: &str, when: &str) {
+    let what = format!("{when}: the engine keeps no record of {key:?}");
+    eventually(RELEASE_WITHIN, &what, || async {
+        !rt.is_locked(key).await.expect("is_locked")
+    })
+    .await;
 }

@@ -8,7 +8,7 @@ use dlock_runtime::LockError;
 use dlock_tests::assert_between;
 
 use crate::fixture::{Engine, Fixture};
-use crate::support::{LONG_LEASE, assert_free};
+use crate::support::{LONG_LEASE, assert_free, assert_nothing_left};
 
 /// A held key: one attempt (`wait` zero) fails at once, a waiter with `wait` = 300 ms gets
 /// `Timeout` naming the key after 300 ms to 1.5 s, and so does each of ten waiters queued on
@@ -112,6 +112,7 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
         );
     }
     holder.release().await.expect("release");
+    assert_nothing_left(&other, key, "after the timed-out waiters and the release").await;
     assert_free(&other, key, "after the timed-out waiters and the release").await;
 }
 
