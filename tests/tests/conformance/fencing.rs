@@ -34,7 +34,8 @@ fn assert_strictly_increasing(engine: Engine, fences: &[Option<u64>]) {
     }
 }
 
-/// Twenty successive holders alternating between two runtimes, then fifty holders from ten
+/// Twenty successive holders alternating between two runtimes (another key taken and released
+/// while each holds), then fifty holders from ten
 /// tasks on two runtimes contending (tokens recorded in critical-section order), then a
 /// reentrant hold and the next fresh one: strictly increasing tokens; the reentrant
 /// acquisitions (`acquire()` and a nested `with_lock`) keep the outer token.
@@ -53,6 +54,13 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
             .await
             .expect("acquire");
         seen.push(token(engine, fences, guard.fence()));
+        // Another key's holders in between (a store-wide revision or zxid moves too).
+        let unrelated = rts[(i + 1) % 2]
+            .lock(format!("conformance:fencing:unrelated:{i}"))
+            .acquire()
+            .await
+            .expect("another key");
+        unrelated.release().await.expect("release");
         guard.release().await.expect("release");
     }
     if fences {

@@ -11,7 +11,7 @@ pub(crate) const LONG_LEASE: Duration = Duration::from_secs(30);
 
 /// Bound on a release scheduled from `Drop` (panic, cancellation) reaching the engine:
 /// generous for a loaded box, far below [`LONG_LEASE`].
-pub(crate) const RELEASE_WITHIN: Duration = Duration::from_secs(2);
+pub(crate) const RELEASE_WITHIN: Duration = Duration::from_millis(1500);
 
 /// Asserts `rt` (another owner: a spawned task, outside any call chain) can take `key` in one
 /// attempt, then releases it.
