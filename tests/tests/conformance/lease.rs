@@ -121,7 +121,10 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
         let next =
             next.unwrap_or_else(|e| panic!("{engine:?}: the waiter gets the expired key: {e:?}"));
         let late = guard.release().await;
-        println!("{engine:?}: release of the expired guard: {late:?}");
+        assert!(
+            matches!(late, Err(ref e) if e.is_lost()),
+            "{engine:?}: release of an expired lock must say it was lost, got {late:?}"
+        );
         (next, taken_after)
     } else {
         // ZooKeeper: the lock node lives as long as the holder's session, not its lease; the
