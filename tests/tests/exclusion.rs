@@ -1,61 +1,18 @@
-//! Mutual exclusion: non-atomic increments under the lock end exact (tasks and OS processes),
-//! and waiting is bounded by `wait`.
+//! Mutual exclusion on Redis: non-atomic increments of a counter kept in Redis end exact (tasks
+//! and OS processes), and `wait` zero is one attempt (one script).
+//!
+//! Exclusion among many contenders on several runtimes, and bounded waits, on every engine, are
+//! in the conformance suite (`tests/conformance/exclusion.rs`, `waiting.rs`).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::LockError;
-use dlock_tests::{Backend, HolderProcess, RedisServer, Runtime, assert_between, on_both_backends};
+use dlock_tests::{Backend, HolderProcess, RedisServer, Runtime, on_both_backends};
 
 const LEASE: Duration = Duration::from_secs(30);
 const TASKS: u64 = 50;
 const INCREMENTS: u64 = 10;
 
-on_both_backends!(
-    tasks_increment_shared_counter_exactly,
-    wait_timeout_returns_timeout_within_bounds,
-    wait_zero_is_one_attempt,
-    queued_waiters_all_time_out_within_bounds,
-);
-
-async fn tasks_increment_shared_counter_exactly(b: Backend) {
-    let key = "exclusion:tasks";
-    let counter = Arc::new(AtomicU64::new(0));
-    let inside = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|_| {
-            let (rt, counter, inside) = (b.rt.clone(), counter.clone(), inside.clone());
-            tokio::spawn(async move {
-                for _ in 0..INCREMENTS {
-                    let guard = rt
-                        .lock(key)
-                        .lease(LEASE)
-                        .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .expect("acquire");
-                    let others = inside.fetch_add(1, Ordering::SeqCst);
-                    assert_eq!(others, 0, "another holder is inside the critical section");
-                    // Read, let the scheduler run someone else, write: loses updates unless
-                    // the lock excludes the other tasks.
-                    let value = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(value + 1, Ordering::SeqCst);
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    guard.release().await.expect("release");
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("tasks finish")
-            .expect("task succeeds");
-    }
-    assert_eq!(counter.load(Ordering::SeqCst), TASKS * INCREMENTS);
-}
+on_both_backends!(wait_zero_is_one_attempt);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_increment_counter_in_redis_exactly() {
@@ -147,41 +104,6 @@ async fn processes_increment_counter_in_redis_exactly() {
     assert_eq!(total, PROCESSES * ITERATIONS);
 }
 
-async fn wait_timeout_returns_timeout_within_bounds(b: Backend) {
-    let key = "exclusion:timeout";
-    let _holder = b.rt.lock(key).lease(LEASE).acquire().await.expect("holder");
-    let wait = Duration::from_millis(300);
-    let start = Instant::now();
-    let err =
-        b.rt.lock(key)
-            .lease(LEASE)
-            .wait(wait)
-            .acquire()
-            .await
-            .expect_err("the key is held");
-    let took = start.elapsed();
-    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
-    assert_eq!(err.key(), Some(key));
-    match &err {
-        LockError::Timeout { key: k, waited, .. } => {
-            assert_eq!(k, key);
-            assert!(*waited >= wait, "waited {waited:?} < wait {wait:?}");
-        }
-        other => panic!("expected Timeout, got {other:?}"),
-    }
-    let message = err.to_string();
-    assert!(
-        message.contains(key),
-        "message should name the key: {message}"
-    );
-    assert_between(
-        "wait = 300 ms on a held key",
-        took,
-        wait,
-        Duration::from_millis(1500),
-    );
-}
-
 async fn wait_zero_is_one_attempt(b: Backend) {
     let key = "exclusion:wait-zero";
     let _holder = b.rt.lock(key).lease(LEASE).acquire().await.expect("holder");
@@ -208,34 +130,6 @@ async fn wait_zero_is_one_attempt(b: Backend) {
         assert_eq!(
             scripts, 1,
             "wait = 0 ran {scripts} scripts, expected one attempt"
-        );
-    }
-}
-
-async fn queued_waiters_all_time_out_within_bounds(b: Backend) {
-    let key = "exclusion:queued-timeouts";
-    let _holder = b.rt.lock(key).lease(LEASE).acquire().await.expect("holder");
-    let wait = Duration::from_millis(300);
-    // Ten local waiters queue on one key; each one's own deadline must hold, not only the head's.
-    let waiters: Vec<_> = (0..10)
-        .map(|_| {
-            let rt = b.rt.clone();
-            tokio::spawn(async move {
-                let start = Instant::now();
-                let out = rt.lock(key).lease(LEASE).wait(wait).acquire().await;
-                (out.map(|_guard| ()), start.elapsed())
-            })
-        })
-        .collect();
-    for waiter in waiters {
-        let (out, took) = waiter.await.expect("task");
-        let err = out.expect_err("the key stays held");
-        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
-        assert_between(
-            "a queued waiter with wait = 300 ms",
-            took,
-            wait,
-            Duration::from_millis(1500),
         );
     }
 }

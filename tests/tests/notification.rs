@@ -1,61 +1,15 @@
-//! Waiting by notification: a release wakes a waiter at once (not after the holder's TTL), a
-//! waiter does not poll, and many local waiters on one key share one subscription and do not
-//! stampede the server on every hand-off.
+//! Waiting by notification on Redis: a waiter does not poll, and many local waiters on one key
+//! share one subscription and do not stampede the server on every hand-off.
+//!
+//! A release waking a waiter at once (not after the holder's TTL), on every engine, is in the
+//! conformance suite (`tests/conformance/waiting.rs`).
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{Backend, RedisServer, Runtime, eventually, on_both_backends, released_channel};
+use dlock_tests::{RedisServer, Runtime, eventually, released_channel};
 
 /// Long enough that a TTL-bounded retry cannot explain any wake-up in these tests.
 const LEASE: Duration = Duration::from_secs(30);
-
-on_both_backends!(waiter_is_woken_by_release_within_200_ms);
-
-async fn waiter_is_woken_by_release_within_200_ms(b: Backend) {
-    let key = "notify:wake";
-    // On Redis the holder is another runtime (another connection), so the wake-up has to come
-    // through the engine's release notification, not the waiter's own runtime.
-    let holder_rt = b.other_runtime().await;
-    for round in 0..5 {
-        let holder = holder_rt
-            .lock(key)
-            .lease(LEASE)
-            .acquire()
-            .await
-            .expect("holder");
-        let rt = b.rt.clone();
-        let waiter = tokio::spawn(async move {
-            let guard = rt
-                .lock(key)
-                .lease(LEASE)
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await;
-            let acquired = Instant::now();
-            (guard, acquired)
-        });
-        // Let the waiter find the key busy and go to sleep.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!waiter.is_finished(), "the waiter got a held key");
-        let released = Instant::now();
-        holder.release().await.expect("release");
-        let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
-            .await
-            .expect("the waiter wakes")
-            .expect("task");
-        let guard = guard.expect("the waiter acquires");
-        let latency = acquired.saturating_duration_since(released);
-        println!(
-            "{:?} round {round}: release -> waiter holds in {latency:?}",
-            b.engine
-        );
-        assert!(
-            latency < Duration::from_millis(200),
-            "round {round}: waiter acquired {latency:?} after the release"
-        );
-        guard.release().await.expect("release");
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_does_not_poll_while_the_key_is_held() {

@@ -1,52 +1,36 @@
-//! Lease renewal and lease loss: the watchdog keeps a short lease alive, `watchdog(false)` makes
-//! the lease a hard cap, a dead holder frees the key after about one lease, and a holder learns
-//! it lost the lock (key deleted, owner replaced, server unreachable) via `lost()` and
-//! `with_lock`'s `Err(Lost)`.
+//! Lease renewal and loss on one Redis, under real faults and the Redis layout: the renewed lock
+//! hash's TTL is the lease, a dead or frozen holder process frees the key after about one lease,
+//! an overwritten owner is a loss that the old holder's release leaves alone, and an unreachable
+//! server is a loss only once the lease has run out.
+//!
+//! The behaviours every engine shares (renewal keeping a short lease, the `watchdog(false)` hard
+//! cap, loss of a deleted key) are in the conformance suite (`tests/conformance/lease.rs`).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{
-    Backend, HolderProcess, RedisServer, Runtime, assert_between, lock_key, on_both_backends,
-};
+use dlock_tests::{HolderProcess, RedisServer, Runtime, assert_between, lock_key};
 
-on_both_backends!(
-    watchdog_keeps_one_second_lease_held_for_five_seconds,
-    watchdog_off_lease_is_a_hard_cap_and_lost_resolves,
-    with_lock_without_watchdog_returns_lost_when_lease_runs_out,
-);
-
-async fn watchdog_keeps_one_second_lease_held_for_five_seconds(b: Backend) {
+/// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it
+/// never has more than 1 s left and never runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewed_lock_hash_ttl_stays_within_the_lease() {
+    let server = RedisServer::start();
+    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
     let key = "watchdog:renewed";
-    let lease = Duration::from_secs(1);
-    let other = b.other_runtime().await;
-    let guard =
-        b.rt.lock(key)
-            .lease(lease)
-            .acquire()
-            .await
-            .expect("acquire");
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(1))
+        .acquire()
+        .await
+        .expect("acquire");
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(5) {
-        assert!(b.is_held(key).await, "key gone after {:?}", start.elapsed());
-        if let Some(server) = &b.server {
-            let pttl = server.pttl(&lock_key(key)).await;
-            assert!(
-                pttl > 0 && pttl <= 1000,
-                "PTTL {pttl} ms after {:?}: expected 0 < PTTL <= lease",
-                start.elapsed()
-            );
-        }
-        let err = other
-            .lock(key)
-            .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("another acquirer must fail while the watchdog renews");
-        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        let pttl = server.pttl(&lock_key(key)).await;
+        assert!(
+            pttl > 0 && pttl <= 1000,
+            "PTTL {pttl} ms after {:?}: expected 0 < PTTL <= lease",
+            start.elapsed()
+        );
         assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -54,78 +38,6 @@ async fn watchdog_keeps_one_second_lease_held_for_five_seconds(b: Backend) {
         .release()
         .await
         .expect("release after 5 s on a 1 s lease");
-}
-
-async fn watchdog_off_lease_is_a_hard_cap_and_lost_resolves(b: Backend) {
-    let key = "watchdog:off";
-    let start = Instant::now();
-    let guard =
-        b.rt.lock(key)
-            .lease(Duration::from_secs(1))
-            .watchdog(false)
-            .acquire()
-            .await
-            .expect("acquire");
-    tokio::time::timeout(Duration::from_secs(5), guard.lost())
-        .await
-        .expect("lost() must resolve once a 1 s lease without watchdog runs out");
-    let lost_after = start.elapsed();
-    assert!(guard.is_lost());
-    assert_between(
-        "lost() with lease 1 s, no watchdog",
-        lost_after,
-        Duration::from_millis(500),
-        Duration::from_millis(2500),
-    );
-    // The key itself is gone about one lease after the acquisition.
-    b.wait_until_free(key, Duration::from_secs(2)).await;
-    let gone_after = start.elapsed();
-    assert_between(
-        "key gone with lease 1 s, no watchdog",
-        gone_after,
-        Duration::from_millis(900),
-        Duration::from_millis(3000),
-    );
-    let next =
-        b.rt.lock(key)
-            .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .expect("another acquirer gets the expired key");
-    assert!(next.fence() > guard.fence());
-}
-
-async fn with_lock_without_watchdog_returns_lost_when_lease_runs_out(b: Backend) {
-    let key = "watchdog:off-with-lock";
-    let completed = AtomicBool::new(false);
-    let start = Instant::now();
-    let out = tokio::time::timeout(
-        Duration::from_secs(10),
-        with_lock(
-            b.rt.lock(key).lease(Duration::from_secs(1)).watchdog(false),
-            async {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                completed.store(true, Ordering::SeqCst);
-            },
-        ),
-    )
-    .await
-    .expect("with_lock must end once the lease is lost");
-    let took = start.elapsed();
-    match out {
-        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
-        other => panic!("expected Err(Lost), got {other:?}"),
-    }
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "the body must be cancelled"
-    );
-    assert_between(
-        "with_lock Err(Lost), lease 1 s, no watchdog",
-        took,
-        Duration::from_millis(500),
-        Duration::from_millis(3000),
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,32 +88,6 @@ async fn killed_holder_process_frees_key_after_about_one_lease() {
         fence > holder_fence,
         "{fence} must exceed the dead holder's {holder_fence}"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_deleted_behind_holders_back_is_lost_within_a_renewal_interval() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
-    let key = "watchdog:deleted";
-    // Renewal every 2 s; without renewal-based detection, loss would show only at ~6 s.
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(6))
-        .acquire()
-        .await
-        .expect("acquire");
-    assert!(server.del(&lock_key(key)).await, "the lock hash exists");
-    let deleted = Instant::now();
-    tokio::time::timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .expect("lost() must resolve when the key is deleted");
-    assert_between(
-        "lost() after DEL, lease 6 s",
-        deleted.elapsed(),
-        Duration::ZERO,
-        Duration::from_millis(3500),
-    );
-    assert!(guard.is_lost());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -328,62 +214,6 @@ async fn transient_outage_shorter_than_lease_is_not_a_loss() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     guard.release().await.expect("release");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_lock_body_cancelled_with_lost_when_key_deleted() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
-    let key = "watchdog:with-lock-deleted";
-    let completed = Arc::new(AtomicBool::new(false));
-    let body_dropped = Arc::new(AtomicBool::new(false));
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let (rt, completed, body_dropped) = (rt.clone(), completed.clone(), body_dropped.clone());
-        tokio::spawn(async move {
-            with_lock(rt.lock(key).lease(Duration::from_secs(6)), async move {
-                struct SetOnDrop(Arc<AtomicBool>);
-                impl Drop for SetOnDrop {
-                    fn drop(&mut self) {
-                        self.0.store(true, Ordering::SeqCst);
-                    }
-                }
-                let _on_drop = SetOnDrop(body_dropped);
-                let _ = held_tx.send(());
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                completed.store(true, Ordering::SeqCst);
-            })
-            .await
-        })
-    };
-    tokio::time::timeout(Duration::from_secs(10), held_rx)
-        .await
-        .expect("body starts")
-        .expect("body signals");
-    assert!(server.del(&lock_key(key)).await);
-    let deleted = Instant::now();
-    let out = tokio::time::timeout(Duration::from_secs(15), task)
-        .await
-        .expect("with_lock must return once the lease is lost")
-        .expect("task");
-    assert_between(
-        "with_lock Err(Lost) after DEL, lease 6 s",
-        deleted.elapsed(),
-        Duration::ZERO,
-        Duration::from_millis(3500),
-    );
-    match out {
-        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
-        other => panic!("expected Err(Lost), got {other:?}"),
-    }
-    assert!(
-        body_dropped.load(Ordering::SeqCst),
-        "the body future must be dropped"
-    );
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "the body must not run to completion"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

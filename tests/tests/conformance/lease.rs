@@ -1,0 +1,293 @@
+//! Leases: the watchdog keeps a short lease alive for several leases, `watchdog(false)` makes the
+//! lease a hard cap (the lock expires, `lost()` resolves, `with_lock` ends in `Err(Lost)`), and a
+//! lock record deleted behind the holder's back is seen as lost at the next renewal.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock_runtime::{LockError, with_lock};
+use dlock_tests::assert_between;
+
+use crate::fixture::{Engine, Fixture};
+use crate::support::{RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free};
+
+/// The lease of the loss tests: renewed every 2 s, so a loss seen within [`LOSS_SEEN_WITHIN`]
+/// was seen by a renewal, not by the lease running out.
+const LOSS_LEASE: Duration = Duration::from_secs(6);
+
+/// Bound on `lost()` after the lock record is deleted: one renewal interval plus margin.
+const LOSS_SEEN_WITHIN: Duration = Duration::from_millis(3500);
+
+/// A lock with the engine's shortest lease (1 s; 2 s on etcd and ZooKeeper) is held for five to
+/// six seconds: throughout, another runtime finds it busy and the guard is not lost; then the
+/// release succeeds (still the owner) and frees the key.
+pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let params = fixture.params();
+    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let key = "conformance:lease:renewed";
+    let guard = rt
+        .lock(key)
+        .lease(params.short_lease)
+        .acquire()
+        .await
+        .expect("acquire");
+    let start = Instant::now();
+    let mut checks = 0;
+    while start.elapsed() < params.hold_for {
+        assert!(
+            !guard.is_lost(),
+            "{engine:?}: lost after {:?}",
+            start.elapsed()
+        );
+        let when = format!(
+            "{:?} into a {:?} lease",
+            start.elapsed(),
+            params.short_lease
+        );
+        assert_busy(&other, key, &when).await;
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(checks >= 10, "{engine:?}: only {checks} checks");
+    guard.release().await.unwrap_or_else(|e| {
+        panic!(
+            "{engine:?}: release after {:?} on a {:?} lease: {e:?}",
+            params.hold_for, params.short_lease
+        )
+    });
+    assert_free(&other, key, "after the release").await;
+}
+
+/// Without the watchdog, the engine's shortest lease is a hard cap: `lost()` resolves about one
+/// lease after the acquisition, a waiter on another runtime gets the key then (with a greater
+/// fence), the expired holder's release does not free the new holder's lock, and `with_lock`
+/// drops its body, returns `Err(Lost)` at the lease and leaves the key free. On ZooKeeper the
+/// engine keeps the node while the session lives ([`Params::lease_expires_on_the_engine`]): the
+/// waiter gets the key once the lost guard is released, and that release says `Lost`.
+///
+/// [`Params::lease_expires_on_the_engine`]: crate::fixture::Params::lease_expires_on_the_engine
+pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let params = fixture.params();
+    let lease = params.short_lease;
+    let (rt, other, third) = (
+        fixture.runtime().await,
+        fixture.runtime().await,
+        fixture.runtime().await,
+    );
+
+    let key = "conformance:lease:hard-cap";
+    let start = Instant::now();
+    let guard = rt
+        .lock(key)
+        .lease(lease)
+        .watchdog(false)
+        .acquire()
+        .await
+        .expect("acquire");
+    let guard_fence = guard.fence();
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            let guard = other
+                .lock(key)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await;
+            (guard, start.elapsed())
+        })
+    };
+    tokio::time::timeout(lease + Duration::from_secs(5), guard.lost())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{engine:?}: lost() must resolve once a {lease:?} lease without watchdog runs out"
+            )
+        });
+    assert!(guard.is_lost());
+    assert_between(
+        "lost() at the hard cap",
+        start.elapsed(),
+        lease / 2,
+        lease + Duration::from_millis(1500),
+    );
+    let (next, taken_after) = if params.lease_expires_on_the_engine {
+        let (next, taken_after) = tokio::time::timeout(Duration::from_secs(25), waiter)
+            .await
+            .expect("the waiter finishes")
+            .expect("task");
+        let next =
+            next.unwrap_or_else(|e| panic!("{engine:?}: the waiter gets the expired key: {e:?}"));
+        let late = guard.release().await;
+        assert!(
+            matches!(late, Err(ref e) if e.is_lost()),
+            "{engine:?}: release of an expired lock must say it was lost, got {late:?}"
+        );
+        (next, taken_after)
+    } else {
+        // ZooKeeper: the lock node lives as long as the holder's session, not its lease; the
+        // holder knows the lock is lost, and the key frees up when the lost guard goes.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !waiter.is_finished(),
+            "{engine:?}: the node outlives the lease"
+        );
+        let late = guard.release().await;
+        assert!(
+            matches!(late, Err(ref e) if e.is_lost()),
+            "{engine:?}: release of a lost lock must say so, got {late:?}"
+        );
+        let released = start.elapsed();
+        let (next, taken_after) = tokio::time::timeout(Duration::from_secs(25), waiter)
+            .await
+            .expect("the waiter finishes")
+            .expect("task");
+        let next =
+            next.unwrap_or_else(|e| panic!("{engine:?}: the waiter gets the released key: {e:?}"));
+        assert!(
+            taken_after < released + RELEASE_WITHIN,
+            "{engine:?}: the waiter got the key {taken_after:?} after the acquisition, the lost \
+             guard was released after {released:?}"
+        );
+        (next, taken_after)
+    };
+    println!("{engine:?}: the waiter got the key {taken_after:?} after the first acquisition");
+    if params.lease_expires_on_the_engine {
+        assert_between(
+            "another runtime gets the key after the hard cap",
+            taken_after,
+            lease * 9 / 10,
+            lease + Duration::from_secs(2),
+        );
+    }
+    if params.fences {
+        assert!(
+            next.fence() > guard_fence,
+            "{engine:?}: {:?} after {guard_fence:?}",
+            next.fence()
+        );
+    }
+    assert_busy(&third, key, "after the expired holder's release").await;
+    next.release().await.expect("release");
+
+    let key = "conformance:lease:hard-cap-with-lock";
+    let completed = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = SetOnDrop(dropped.clone());
+    let start = Instant::now();
+    let out = tokio::time::timeout(
+        lease + Duration::from_secs(10),
+        with_lock(rt.lock(key).lease(lease).watchdog(false), {
+            let completed = completed.clone();
+            async move {
+                let _flag = flag;
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                completed.store(true, Ordering::SeqCst);
+            }
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{engine:?}: with_lock must end once the lease is lost"));
+    let took = start.elapsed();
+    match out {
+        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
+        other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
+    }
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "{engine:?}: the body must be dropped"
+    );
+    assert!(
+        !completed.load(Ordering::SeqCst),
+        "{engine:?}: the body ran to its end"
+    );
+    assert_between(
+        "with_lock Err(Lost) at the hard cap",
+        took,
+        lease / 2,
+        lease + Duration::from_millis(2000),
+    );
+    acquire_within(
+        &other,
+        key,
+        RELEASE_WITHIN,
+        "after with_lock returned Err(Lost)",
+    )
+    .await;
+}
+
+/// The lock record deleted behind the holder's back (the engine's own way, see
+/// [`Fixture::delete_lock`]) with a 6 s lease: `lost()` resolves within 3.5 s, and a `with_lock`
+/// body is dropped and the call returns `Err(Lost)` within 3.5 s.
+pub(crate) async fn deleted_key_is_lost(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+
+    let key = "conformance:lease:deleted";
+    let guard = rt
+        .lock(key)
+        .lease(LOSS_LEASE)
+        .acquire()
+        .await
+        .expect("acquire");
+    fixture.delete_lock(key).await;
+    let deleted = Instant::now();
+    tokio::time::timeout(LOSS_SEEN_WITHIN, guard.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{engine:?}: lost() within {LOSS_SEEN_WITHIN:?} of the delete"));
+    println!(
+        "{engine:?}: lost() {:?} after the delete (lease {LOSS_LEASE:?})",
+        deleted.elapsed()
+    );
+    assert!(guard.is_lost());
+    let late = guard.release().await;
+    assert!(
+        matches!(late, Err(ref e) if e.is_lost()),
+        "{engine:?}: release of a lost lock must say so, got {late:?}"
+    );
+    assert_free(&other, key, "after the loss").await;
+
+    let key = "conformance:lease:deleted-with-lock";
+    let completed = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let (rt, completed, flag) = (rt.clone(), completed.clone(), SetOnDrop(dropped.clone()));
+        tokio::spawn(async move {
+            with_lock(rt.lock(key).lease(LOSS_LEASE), async move {
+                let _flag = flag;
+                held_tx.send(()).expect("the test waits");
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                completed.store(true, Ordering::SeqCst);
+            })
+            .await
+        })
+    };
+    held_rx.await.expect("the body runs");
+    fixture.delete_lock(key).await;
+    let deleted = Instant::now();
+    let out = tokio::time::timeout(LOSS_SEEN_WITHIN, task)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("{engine:?}: with_lock must return within {LOSS_SEEN_WITHIN:?} of the delete")
+        })
+        .expect("task");
+    println!(
+        "{engine:?}: with_lock returned {:?} after the delete",
+        deleted.elapsed()
+    );
+    match out {
+        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
+        other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
+    }
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "{engine:?}: the body must be dropped"
+    );
+    assert!(
+        !completed.load(Ordering::SeqCst),
+        "{engine:?}: the body ran to its end"
+    );
+}

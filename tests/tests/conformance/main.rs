@@ -1,0 +1,66 @@
+//! The conformance suite: every behaviour of the lock contract written once and run on all six
+//! engines. [`conformance!`] stamps each behaviour out as one `#[tokio::test]` per engine, named
+//! `<engine>::<behaviour>` (e.g. `redis::mutual_exclusion_with_many_contenders`), so
+//! `cargo test -p dlock-tests --test conformance etcd::` runs one engine and
+//! `cargo test -p dlock-tests --test conformance fences` one behaviour everywhere.
+//!
+//! Each test starts its own servers ([`fixture::Fixture`]) and connects several runtimes to
+//! them; separate runtimes stand for separate processes (on the memory engine, whose state
+//! lives in one runtime, its tasks are the contenders). What differs between engines is only
+//! what their documentation says differs ([`fixture::Params`]: the shortest lease etcd and
+//! ZooKeeper can honour, notification latency, no fences on Redlock); no engine skips a
+//! behaviour.
+//!
+//! Engine-specific faults (kill a Redlock minority, restart etcd, expire a ZooKeeper session,
+//! fail over a Cluster shard, Redis layout) stay in the engine's own test file.
+
+mod config;
+mod exclusion;
+mod exit_paths;
+mod fencing;
+mod fixture;
+mod lease;
+mod reentrancy;
+mod support;
+mod waiting;
+
+/// Generates one module per engine with one `#[tokio::test]` per `area::behaviour`, each calling
+/// `area::behaviour(Engine::..)`.
+macro_rules! conformance {
+    ($($area:ident :: $behaviour:ident),+ $(,)?) => {
+        conformance!(@engine memory, Memory, $($area::$behaviour),+);
+        conformance!(@engine redis, Redis, $($area::$behaviour),+);
+        conformance!(@engine cluster, Cluster, $($area::$behaviour),+);
+        conformance!(@engine redlock, Redlock, $($area::$behaviour),+);
+        conformance!(@engine etcd, Etcd, $($area::$behaviour),+);
+        conformance!(@engine zookeeper, ZooKeeper, $($area::$behaviour),+);
+    };
+    (@engine $module:ident, $engine:ident, $($area:ident :: $behaviour:ident),+) => {
+        mod $module {
+            $(
+                #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    crate::$area::$behaviour(crate::fixture::Engine::$engine).await;
+                }
+            )+
+        }
+    };
+}
+
+conformance!(
+    exclusion::mutual_exclusion_with_many_contenders,
+    exit_paths::release_on_return_err_and_explicit_release,
+    exit_paths::release_on_panic_and_cancellation_while_holding,
+    exit_paths::cancelled_waiter_leaves_nothing_behind,
+    exit_paths::cancellation_mid_acquire_leaves_nothing_behind,
+    waiting::wait_timeout_returns_timeout_within_bounds,
+    waiting::release_wakes_a_waiter_long_before_the_lease,
+    lease::watchdog_keeps_a_short_lease_alive,
+    lease::watchdog_off_lease_is_a_hard_cap,
+    lease::deleted_key_is_lost,
+    fencing::fences_strictly_increase_across_holders,
+    reentrancy::nested_acquisition_reenters_and_inner_exit_keeps_the_hold,
+    reentrancy::other_tasks_and_plain_acquires_are_other_owners,
+    reentrancy::current_fence_is_the_innermost_holds,
+    config::bad_configuration_is_invalid_config,
+);

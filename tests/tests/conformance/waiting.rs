@@ -1,0 +1,168 @@
+//! Waiting: a bounded wait ends in `LockError::Timeout` on time (for every queued waiter, not
+//! only the first), and a release wakes a waiter by notification, long before the holder's
+//! lease would have run out.
+
+use std::time::{Duration, Instant};
+
+use dlock_runtime::LockError;
+use dlock_tests::assert_between;
+
+use crate::fixture::{Engine, Fixture};
+use crate::support::{LONG_LEASE, assert_free, assert_nothing_left};
+
+/// A held key: one attempt (`wait` zero) fails at once, a waiter with `wait` = 300 ms gets
+/// `Timeout` naming the key after 300 ms to 1.5 s, and so does each of ten waiters queued on
+/// two runtimes. The timed-out waiters leave nothing behind: after the release the key is free.
+pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let (holder_rt, rt, other) = (
+        fixture.runtime().await,
+        fixture.runtime().await,
+        fixture.runtime().await,
+    );
+    let key = "conformance:wait:timeout";
+    let holder = holder_rt
+        .lock(key)
+        .lease(LONG_LEASE)
+        .acquire()
+        .await
+        .expect("holder");
+
+    let start = Instant::now();
+    let err = rt
+        .lock(key)
+        .lease(LONG_LEASE)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .map(drop)
+        .expect_err("the key is held");
+    assert!(
+        err.is_timeout(),
+        "{engine:?}: expected Timeout, got {err:?}"
+    );
+    assert_between(
+        "wait = 0 on a held key",
+        start.elapsed(),
+        Duration::ZERO,
+        Duration::from_secs(1),
+    );
+
+    let wait = Duration::from_millis(300);
+    let start = Instant::now();
+    let err = rt
+        .lock(key)
+        .lease(LONG_LEASE)
+        .wait(wait)
+        .acquire()
+        .await
+        .map(drop)
+        .expect_err("the key is held");
+    let took = start.elapsed();
+    match &err {
+        LockError::Timeout { key: k, waited, .. } => {
+            assert_eq!(k, key);
+            assert!(
+                *waited >= wait,
+                "{engine:?}: waited {waited:?} < wait {wait:?}"
+            );
+        }
+        other => panic!("{engine:?}: expected Timeout, got {other:?}"),
+    }
+    assert!(err.is_timeout());
+    assert_eq!(err.key(), Some(key));
+    let message = err.to_string();
+    assert!(
+        message.contains(key),
+        "the message names the key: {message}"
+    );
+    assert_between(
+        "wait = 300 ms on a held key",
+        took,
+        wait,
+        Duration::from_millis(1500),
+    );
+
+    let waiters: Vec<_> = (0..10)
+        .map(|i| {
+            let rt = if i % 2 == 0 {
+                rt.clone()
+            } else {
+                other.clone()
+            };
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let out = rt.lock(key).lease(LONG_LEASE).wait(wait).acquire().await;
+                (out.map(drop), start.elapsed())
+            })
+        })
+        .collect();
+    for waiter in waiters {
+        let (out, took) = waiter.await.expect("task");
+        let err = out.expect_err("the key stays held");
+        assert!(
+            err.is_timeout(),
+            "{engine:?}: expected Timeout, got {err:?}"
+        );
+        assert_between(
+            "a queued waiter with wait = 300 ms",
+            took,
+            wait,
+            Duration::from_millis(1500),
+        );
+    }
+    holder.release().await.expect("release");
+    assert_nothing_left(&other, key, "after the timed-out waiters and the release").await;
+    assert_free(&other, key, "after the timed-out waiters and the release").await;
+}
+
+/// The holder (30 s lease) is on another runtime, so the wake-up must come through the
+/// engine: five times, a waiter asleep on the key holds it within the engine's notification
+/// bound (200 ms on memory and Redis, 500 ms elsewhere) of the release.
+pub(crate) async fn release_wakes_a_waiter_long_before_the_lease(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let bound = fixture.params().wake_within;
+    let (holder_rt, rt) = (fixture.runtime().await, fixture.runtime().await);
+    let key = "conformance:wait:wake";
+    for round in 0..5 {
+        let holder = holder_rt
+            .lock(key)
+            .lease(LONG_LEASE)
+            .acquire()
+            .await
+            .expect("holder");
+        let waiter = {
+            let rt = rt.clone();
+            tokio::spawn(async move {
+                let guard = rt
+                    .lock(key)
+                    .lease(LONG_LEASE)
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await;
+                (guard, Instant::now())
+            })
+        };
+        // Let the waiter find the key busy and go to sleep.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiter.is_finished(),
+            "{engine:?}: the waiter got a held key"
+        );
+        let released = Instant::now();
+        holder.release().await.expect("release");
+        let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
+            .await
+            .expect("the waiter wakes")
+            .expect("task");
+        let guard = guard.unwrap_or_else(|e| panic!("{engine:?}: the waiter: {e:?}"));
+        let latency = acquired.saturating_duration_since(released);
+        println!("{engine:?} round {round}: release -> waiter holds in {latency:?}");
+        assert!(
+            latency < bound,
+            "{engine:?} round {round}: the waiter held the key {latency:?} after the release \
+             (bound {bound:?}, lease {LONG_LEASE:?})"
+        );
+        guard.release().await.expect("release");
+    }
+}
