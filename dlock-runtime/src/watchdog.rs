@@ -78,6 +78,16 @@ fn retry_delay(lease: Duration) -> Duration {
     (lease / 10).max(Duration::from_millis(5))
 }
 
+/// What one look at the entries found.
+struct Collected {
+    /// Due renewals, by entry id.
+    batch: Vec<(u64, Renewal)>,
+    /// Hard-capped locks whose lease ran out.
+    capped: Vec<Renewal>,
+    /// When to look again.
+    next: Option<Instant>,
+}
+
 impl Watchdog {
     fn state(&self) -> MutexGuard<'_, State> {
         // Every critical section leaves `State` consistent; a poisoned lock is still usable.
@@ -140,16 +150,23 @@ impl Watchdog {
         self.wake.notify_one();
     }
 
-    /// Fires the lost entries, marks the due ones in flight and returns them with the instant
-    /// to look again.
-    fn collect(&self, now: Instant) -> (Vec<(u64, Renewal)>, Option<Instant>) {
+    /// Fires the lost entries, marks the due ones in flight and returns them, the hard-capped
+    /// locks whose lease ran out (to release in the engine), and the instant to look again.
+    fn collect(&self, now: Instant) -> Collected {
         let mut state = self.state();
         let mut batch = Vec::new();
+        let mut capped = Vec::new();
         let mut next: Option<Instant> = None;
         state.entries.retain(|&id, e| {
             if now >= e.valid_until {
                 if e.renew {
                     tracing::warn!(key = %e.key, "lease lost: no confirmed renewal before it ran out");
+                } else {
+                    capped.push(Renewal {
+                        key: e.key.clone(),
+                        owner: e.owner.clone(),
+                        lease: e.lease,
+                    });
                 }
                 e.lost.fire();
                 return false;
@@ -170,7 +187,11 @@ impl Watchdog {
             true
         });
         state.next_wake = next;
-        (batch, next)
+        Collected {
+            batch,
+            capped,
+            next,
+        }
     }
 
     /// Applies the outcome of one renewal call sent at `sent_at`.
@@ -220,7 +241,27 @@ impl Watchdog {
                 return;
             }
             let now = Instant::now();
-            let (batch, next) = self.collect(now);
+            let Collected {
+                batch,
+                capped,
+                next,
+            } = self.collect(now);
+            if !capped.is_empty() {
+                let Some(backend) = backend.upgrade() else {
+                    return;
+                };
+                // A hard cap frees the key at the lease on every engine: where the engine does
+                // not expire it by itself (a ZooKeeper node lives as long as the session), the
+                // holder's node is removed now. Owner-checked, so a no-op where it expired.
+                for item in capped {
+                    let backend = backend.clone();
+                    tokio::spawn(async move {
+                        if let Err(err) = backend.release(&item.key, &item.owner).await {
+                            tracing::debug!(key = %item.key, error = %err, "release at the hard cap failed");
+                        }
+                    });
+                }
+            }
             if !batch.is_empty() {
                 let Some(backend) = backend.upgrade() else {
                     return;

@@ -37,11 +37,6 @@ pub(crate) struct Params {
     pub(crate) wake_within: Duration,
     /// Whether `fence()` is a token: everywhere but Redlock, where it is `None`.
     pub(crate) fences: bool,
-    /// Whether the engine itself drops a lock record when its lease runs out. Not on
-    /// ZooKeeper, where a lock node lives as long as the holder's session: a lease that runs out
-    /// is lost to its holder (`lost()`, `with_lock` cancelled and released), but a guard kept
-    /// after that holds the node until it is released or dropped, or the session ends.
-    pub(crate) lease_expires_on_the_engine: bool,
 }
 
 /// Redlock's per-node timeout in these tests: a slow node on a loaded box must not turn into
@@ -55,7 +50,6 @@ impl Engine {
             hold_for: Duration::from_secs(5),
             wake_within: Duration::from_millis(200),
             fences: true,
-            lease_expires_on_the_engine: true,
         };
         match self {
             Engine::Memory | Engine::Redis => one_second,
@@ -74,10 +68,7 @@ impl Engine {
                 wake_within: Duration::from_millis(500),
                 ..one_second
             },
-            Engine::ZooKeeper => Params {
-                lease_expires_on_the_engine: false,
-                ..Engine::Etcd.params()
-            },
+            Engine::ZooKeeper => Engine::Etcd.params(),
         }
     }
 }

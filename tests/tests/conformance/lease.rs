@@ -63,11 +63,9 @@ pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
 /// Without the watchdog, the engine's shortest lease is a hard cap: `lost()` resolves about one
 /// lease after the acquisition, a waiter on another runtime gets the key then (with a greater
 /// fence), the expired holder's release does not free the new holder's lock, and `with_lock`
-/// drops its body, returns `Err(Lost)` at the lease and leaves the key free. On ZooKeeper the
-/// engine keeps the node while the session lives ([`Params::lease_expires_on_the_engine`]): the
-/// waiter gets the key once the lost guard is released, and that release says `Lost`.
-///
-/// [`Params::lease_expires_on_the_engine`]: crate::fixture::Params::lease_expires_on_the_engine
+/// drops its body, returns `Err(Lost)` at the lease and leaves the key free. On ZooKeeper,
+/// where a node lives as long as the session, this holds because the runtime removes the node
+/// at the hard cap even while the lost guard is kept.
 pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
@@ -113,55 +111,24 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
         lease / 2,
         lease + Duration::from_millis(1500),
     );
-    let (next, taken_after) = if params.lease_expires_on_the_engine {
-        let (next, taken_after) = tokio::time::timeout(Duration::from_secs(25), waiter)
-            .await
-            .expect("the waiter finishes")
-            .expect("task");
-        let next =
-            next.unwrap_or_else(|e| panic!("{engine:?}: the waiter gets the expired key: {e:?}"));
-        let late = guard.release().await;
-        assert!(
-            matches!(late, Err(ref e) if e.is_lost()),
-            "{engine:?}: release of an expired lock must say it was lost, got {late:?}"
-        );
-        (next, taken_after)
-    } else {
-        // ZooKeeper: the lock node lives as long as the holder's session, not its lease; the
-        // holder knows the lock is lost, and the key frees up when the lost guard goes.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(
-            !waiter.is_finished(),
-            "{engine:?}: the node outlives the lease"
-        );
-        let late = guard.release().await;
-        assert!(
-            matches!(late, Err(ref e) if e.is_lost()),
-            "{engine:?}: release of a lost lock must say so, got {late:?}"
-        );
-        let released = start.elapsed();
-        let (next, taken_after) = tokio::time::timeout(Duration::from_secs(25), waiter)
-            .await
-            .expect("the waiter finishes")
-            .expect("task");
-        let next =
-            next.unwrap_or_else(|e| panic!("{engine:?}: the waiter gets the released key: {e:?}"));
-        assert!(
-            taken_after < released + RELEASE_WITHIN,
-            "{engine:?}: the waiter got the key {taken_after:?} after the acquisition, the lost \
-             guard was released after {released:?}"
-        );
-        (next, taken_after)
-    };
+    let (next, taken_after) = tokio::time::timeout(Duration::from_secs(25), waiter)
+        .await
+        .expect("the waiter finishes")
+        .expect("task");
+    let next =
+        next.unwrap_or_else(|e| panic!("{engine:?}: the waiter gets the expired key: {e:?}"));
+    let late = guard.release().await;
+    assert!(
+        matches!(late, Err(ref e) if e.is_lost()),
+        "{engine:?}: release of an expired lock must say it was lost, got {late:?}"
+    );
     println!("{engine:?}: the waiter got the key {taken_after:?} after the first acquisition");
-    if params.lease_expires_on_the_engine {
-        assert_between(
-            "another runtime gets the key after the hard cap",
-            taken_after,
-            lease * 9 / 10,
-            lease + Duration::from_secs(2),
-        );
-    }
+    assert_between(
+        "another runtime gets the key after the hard cap",
+        taken_after,
+        lease * 9 / 10,
+        lease + Duration::from_secs(2),
+    );
     if params.fences {
         assert!(
             next.fence() > guard_fence,
