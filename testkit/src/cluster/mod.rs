@@ -19,7 +19,7 @@
 use std::ops::Deref;
 use std::time::{Duration, Instant};
 
-use crate::process::{TestProcess, start_on_free_ports, temp_dir};
+use crate::process::{TestProcess, loopback_hosts, start_on_free_ports, temp_dir};
 use crate::redis::{RedisKeys, query_sync, redis_server_binary, server_process};
 
 mod inspect;
@@ -225,12 +225,8 @@ impl RedisCluster {
 
     /// `redis+cluster://127.0.0.1:<p1>,...,127.0.0.1:<p6>`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        let hosts = loopback_hosts(self.nodes.iter().map(|n| n.port));
+        format!("redis+cluster://{hosts}")
     }
 
     /// The client port of node `i`.

@@ -24,7 +24,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::process::{Binary, Probe, TestProcess, find_binary, start_on_free_ports, temp_dir};
+use crate::process::{
+    Binary, Probe, TestProcess, find_binary, loopback_hosts, start_on_free_ports, temp_dir,
+};
 
 mod inspect;
 
@@ -121,12 +123,8 @@ impl EtcdCluster {
 
     /// `etcd://127.0.0.1:<c1>,127.0.0.1:<c2>,...` for `Runtime::from_url`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.client_port))
-            .collect();
-        format!("etcd://{}", hosts.join(","))
+        let hosts = loopback_hosts(self.members.iter().map(|m| m.client_port));
+        format!("etcd://{hosts}")
     }
 
     /// Client port of member `i`.

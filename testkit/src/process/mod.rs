@@ -15,17 +15,16 @@
 //! process took one between choosing and binding it).
 
 use std::fmt;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// Ports the kit never hands out: the default ports of Redis, etcd (client and peer) and
-/// ZooKeeper, where a developer's own server may be listening.
-pub const RESERVED_PORTS: [u16; 4] = [6379, 2379, 2380, 2181];
+mod launch;
 
-/// How many fresh port sets [`start_on_free_ports`] tries.
-const START_ATTEMPTS: usize = 20;
+pub use launch::{
+    Binary, RESERVED_PORTS, Signal, find_binary, free_ports, loopback_hosts, signal,
+    start_on_free_ports, temp_dir,
+};
 
 /// How long [`TestProcess::restart`] keeps trying while the old port is still taken.
 const RESTART_WITHIN: Duration = Duration::from_secs(10);
@@ -36,68 +35,6 @@ const STOP_WITHIN: Duration = Duration::from_secs(5);
 /// How often readiness is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(20);
 
-/// `n` distinct loopback ports that were free a moment ago, none of [`RESERVED_PORTS`]. All
-/// listeners are held until every port is chosen, so the ports differ from each other.
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let mut listeners = Vec::with_capacity(n);
-    while listeners.len() < n {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
-        let port = listener.local_addr().expect("local address").port();
-        if !RESERVED_PORTS.contains(&port) {
-            listeners.push((port, listener));
-        }
-    }
-    listeners.into_iter().map(|(port, _)| port).collect()
-}
-
-/// A fresh temp dir named `<prefix>…`, deleted when dropped.
-pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir()
-        .unwrap_or_else(|e| panic!("create a temp dir {prefix}…: {e}"))
-}
-
-/// A server binary that answered its version flag.
-#[derive(Debug, Clone)]
-pub struct Binary {
-    /// The path (or bare name, found on `PATH`).
-    pub path: PathBuf,
-    /// What it printed for the version flag (stdout, then stderr).
-    pub version: String,
-}
-
-/// Finds a server binary: the path in the environment variable `env`, else `default` on
-/// `PATH`; checks it by running it with `version_flag`.
-///
-/// Panics when it is missing, saying `install` (how to install it, e.g. "install it with
-/// `apt-get install -y redis-server`") and that `env` may name the binary instead.
-pub fn find_binary(env: &str, default: &str, version_flag: &str, install: &str) -> Binary {
-    let path = std::env::var_os(env)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default));
-    match Command::new(&path).arg(version_flag).output() {
-        Ok(out) if out.status.success() => Binary {
-            path,
-            version: format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        },
-        Ok(out) => panic!(
-            "`{} {version_flag}` failed ({}): {}",
-            path.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => panic!(
-            "{default} not found ({}: {e}); {install}, or set {env} to the binary's path",
-            path.display()
-        ),
-    }
-}
-
 /// Why a start attempt failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartError {
@@ -105,23 +42,6 @@ pub enum StartError {
     PortTaken,
     /// Anything else, with the process's log.
     Failed(String),
-}
-
-/// Calls `attempt` with `n` fresh [`free_ports`] until it does not report
-/// [`StartError::PortTaken`] (20 tries). Panics naming `what` when it fails otherwise.
-pub fn start_on_free_ports<T>(
-    what: &str,
-    n: usize,
-    mut attempt: impl FnMut(&[u16]) -> Result<T, StartError>,
-) -> T {
-    for _ in 0..START_ATTEMPTS {
-        match attempt(&free_ports(n)) {
-            Ok(started) => return started,
-            Err(StartError::PortTaken) => continue,
-            Err(StartError::Failed(why)) => panic!("could not start {what}: {why}"),
-        }
-    }
-    panic!("could not start {what}: a port was taken in each of {START_ATTEMPTS} attempts");
 }
 
 /// What a readiness probe saw.
@@ -139,41 +59,6 @@ pub enum Probe {
 
 /// A readiness probe: given the process id and what the process logged since it was spawned.
 pub type ReadyCheck = Box<dyn Fn(u32, &str) -> Probe + Send + Sync>;
-
-/// A signal sent by PID with the `kill` command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    /// SIGTERM: a clean shutdown.
-    Term,
-    /// SIGSTOP: frozen, connections stay open, nothing is answered.
-    Stop,
-    /// SIGCONT: resumes a stopped process.
-    Cont,
-}
-
-impl Signal {
-    fn name(self) -> &'static str {
-        match self {
-            Signal::Term => "TERM",
-            Signal::Stop => "STOP",
-            Signal::Cont => "CONT",
-        }
-    }
-}
-
-/// Sends `signal` to the process `pid` (never to a name). Panics if `kill` fails.
-pub fn signal(pid: u32, signal: Signal) {
-    let status = Command::new("kill")
-        .arg(format!("-{}", signal.name()))
-        .arg(pid.to_string())
-        .status()
-        .expect("run kill");
-    assert!(
-        status.success(),
-        "kill -{} {pid} failed: {status}",
-        signal.name()
-    );
-}
 
 /// A child process owned by one test: output appended to a log file, killed (SIGKILL, by PID)
 /// and reaped on drop, its log printed then if the test is failing.
@@ -455,16 +340,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn free_ports_are_distinct_and_never_reserved() {
-        let ports = free_ports(8);
-        let mut sorted = ports.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(sorted.len(), 8);
-        assert!(ports.iter().all(|p| !RESERVED_PORTS.contains(p)));
-    }
-
-    #[test]
     fn a_process_logs_is_paused_resumed_and_killed_by_pid() {
         let dir = temp_dir("dlock-testkit-");
         let mut command = Command::new("sh");
@@ -483,6 +358,8 @@ mod tests {
         let pid = process.pid();
         process.pause();
         assert!(process.is_paused());
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        assert!(stat.contains(") T "), "stopped once pause returns: {stat}");
         process.resume();
         process.kill9();
         assert!(!process.is_running());
@@ -509,16 +386,5 @@ mod tests {
             Err(StartError::Failed(why)) => assert!(why.contains("broken"), "{why}"),
             other => panic!("expected a failure, got {other:?}"),
         }
-    }
-
-    #[test]
-    #[should_panic(expected = "install it with `apt-get install -y nothing`")]
-    fn a_missing_binary_says_how_to_install_it() {
-        find_binary(
-            "DLOCK_TESTKIT_NO_SUCH_ENV",
-            "dlock-testkit-no-such-binary",
-            "--version",
-            "install it with `apt-get install -y nothing`",
-        );
     }
 }
