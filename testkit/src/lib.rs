@@ -11,7 +11,7 @@
 //! - [`redis`]: [`RedisServer`], plain or TLS (feature `tls`), and [`RedisKeys`] to inspect
 //!   keys behind the runtime's back.
 //! - [`cluster`]: [`RedisCluster`](cluster::RedisCluster), three masters and three replicas.
-//! - [`etcd`] (feature `etcd`): one member or a cluster, inspected through `etcd-client`.
+//! - `etcd` (feature `etcd`): one member or a cluster, inspected through `etcd-client`.
 //! - [`zookeeper`]: a standalone ZooKeeper under `java`.
 //! - [`holder`]: [`HolderProcess`], a lock holder in its own OS process.
 //!

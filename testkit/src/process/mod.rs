@@ -58,7 +58,7 @@ pub enum Probe {
 }
 
 /// A readiness probe: given the process id and what the process logged since it was spawned.
-pub type ReadyCheck = Box<dyn Fn(u32, &str) -> Probe + Send + Sync>;
+type ReadyCheck = Box<dyn Fn(u32, &str) -> Probe + Send + Sync>;
 
 /// A child process owned by one test: output appended to a log file, killed (SIGKILL, by PID)
 /// and reaped on drop, its log printed then if the test is failing.

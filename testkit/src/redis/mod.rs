@@ -1,5 +1,5 @@
 //! `redis-server` for one test: [`RedisServer::start`] runs one on a free loopback port in a
-//! fresh temp dir, without persistence; [`RedisServer::start_tls`] (feature `tls`) a TLS-only
+//! fresh temp dir, without persistence; `RedisServer::start_tls` (feature `tls`) a TLS-only
 //! one with a self-signed certificate. The Redis Cluster of six such processes is
 //! [`crate::cluster`].
 //!
