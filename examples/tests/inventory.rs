@@ -12,7 +12,7 @@ use std::time::Duration;
 use dlock_examples::inventory::{self, ErrorBody, Item, Reservation, ReserveRequest, SetStock};
 use dlock_examples::store::Store;
 use dlock_runtime::Runtime;
-use dlock_tests::RedisServer;
+use dlock_testkit::RedisServer;
 use reqwest::StatusCode;
 
 const ITEM: u64 = 7;

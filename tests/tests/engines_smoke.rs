@@ -1,19 +1,34 @@
 //! Smoke tests of the etcd and ZooKeeper harnesses ([`EtcdServer`], [`EtcdCluster`],
 //! [`ZooKeeperServer`]): each server starts on free loopback ports, is ready when the harness
-//! says so, answers one real request through its own wire protocol without a client crate
-//! (etcd's JSON gateway, ZooKeeper's four-letter words), and survives the faults the lock tests
-//! will use (kill -9 and restart, SIGSTOP/SIGCONT, a killed etcd leader replaced by the others).
+//! says so, answers real requests (etcd through `etcd-client`, ZooKeeper's four-letter words),
+//! and survives the faults the lock tests use (kill -9 and restart, SIGSTOP/SIGCONT, a killed
+//! etcd leader replaced by the others).
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::etcd::{EtcdCluster, EtcdServer, base64_encode};
+use dlock_tests::etcd::{EtcdCluster, EtcdServer};
 use dlock_tests::zookeeper::{MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT, ZooKeeperServer};
 
-/// How long the two survivors of a 3-member etcd cluster may take to agree on a new leader.
-const REELECTION_WITHIN: Duration = Duration::from_secs(5);
+/// How long the members of a 3-member etcd cluster may take to agree on a leader after a fault:
+/// about 1–2 s on an idle box (1 s election timeout), much more on a loaded one. A bound, not
+/// what the test is about.
+const REELECTION_WITHIN: Duration = Duration::from_secs(20);
+
+/// Waits until member `i` is healthy (it knows a leader and answers a linearizable read): an
+/// election under way, which a loaded box can set off at any time, is not a failure.
+fn wait_until_healthy(cluster: &EtcdCluster, i: usize) {
+    let start = Instant::now();
+    while !cluster.is_healthy(i) {
+        assert!(
+            start.elapsed() < REELECTION_WITHIN,
+            "etcd member {i} not healthy within {REELECTION_WITHIN:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 
 #[test]
-fn etcd_single_member_serves_kv_through_the_json_gateway() {
+fn etcd_single_member_serves_kv_and_leases() {
     let started = Instant::now();
     let mut etcd = EtcdServer::start();
     println!("etcd (1 member) ready in {:?}", started.elapsed());
@@ -25,22 +40,12 @@ fn etcd_single_member_serves_kv_through_the_json_gateway() {
     assert_eq!(etcd.url(), format!("etcd://127.0.0.1:{port}"));
     assert!(etcd.is_healthy());
 
-    // Raw gateway calls with base64 literals ("smoke/key" = c21va2Uva2V5, "hello" = aGVsbG8=),
-    // independent of the harness's own base64.
-    let put = etcd.post("/v3/kv/put", r#"{"key":"c21va2Uva2V5","value":"aGVsbG8="}"#);
-    assert!(put.contains(r#""revision":"#), "put reply: {put}");
-    let range = etcd.post("/v3/kv/range", r#"{"key":"c21va2Uva2V5"}"#);
-    assert!(
-        range.contains(r#""value":"aGVsbG8=""#) && range.contains(r#""count":"1""#),
-        "range reply: {range}"
-    );
-    assert_eq!(base64_encode(b"smoke/key"), "c21va2Uva2V5");
-
-    // The typed helpers.
+    let put = etcd.put("smoke/key", "hello");
     let kv = etcd.get("smoke/key").expect("the key just written");
     assert_eq!(kv.key, "smoke/key");
     assert_eq!(kv.value, b"hello");
     assert!(kv.create_revision > 1 && kv.create_revision == kv.mod_revision);
+    assert_eq!(kv.mod_revision, put);
     assert_eq!((kv.version, kv.lease), (1, 0));
     let rev = etcd.put("smoke/other", "x");
     assert!(rev > kv.mod_revision);
@@ -54,25 +59,21 @@ fn etcd_single_member_serves_kv_through_the_json_gateway() {
     assert!(!etcd.delete("smoke/other"));
     assert_eq!(etcd.get("smoke/other"), None);
 
-    // A lease through the gateway, attached to a key.
-    let grant = etcd.post("/v3/lease/grant", r#"{"TTL":"30"}"#);
-    let id: i64 = grant
-        .split(r#""ID":""#)
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .and_then(|id| id.parse().ok())
-        .unwrap_or_else(|| panic!("lease id in {grant}"));
+    // A lease, attached to a key.
+    let id = etcd.lease_grant(30);
     let ttl = etcd.lease_ttl(id).expect("a live lease");
     assert!((25..=30).contains(&ttl), "ttl {ttl}");
-    etcd.post(
-        "/v3/kv/put",
-        &format!(
-            r#"{{"key":"{}","value":"","lease":"{id}"}}"#,
-            base64_encode(b"smoke/leased")
-        ),
-    );
+    assert_eq!(etcd.lease_granted_ttl(id), Some(30));
+    etcd.put_leased("smoke/leased", "", id);
     assert_eq!(etcd.get("smoke/leased").map(|kv| kv.lease), Some(id));
     assert_eq!(etcd.lease_ttl(12345), None);
+    etcd.lease_revoke(id);
+    assert_eq!(etcd.lease_ttl(id), None);
+    assert_eq!(
+        etcd.get("smoke/leased"),
+        None,
+        "revoking deletes the lease's keys"
+    );
 
     // SIGSTOP: unanswered; SIGCONT: back.
     etcd.pause();
@@ -109,15 +110,20 @@ fn etcd_cluster_of_three_elects_a_new_leader_after_kill9() {
         .collect();
     assert_eq!(cluster.url(), format!("etcd://{}", hosts.join(",")));
     for i in 0..3 {
-        assert!(cluster.is_healthy(i), "member {i} not healthy");
+        wait_until_healthy(&cluster, i);
         for port in [cluster.client_port(i), cluster.peer_port(i)] {
             assert!(![2379, 2380].contains(&port), "default port {port} used");
         }
     }
 
-    let leader = cluster.wait_for_leader(Duration::from_secs(5));
-    assert_eq!(cluster.leader_index(), Some(leader));
-    let old_leader_id = cluster.status(leader).expect("leader status").member_id;
+    // The leader, and its term while it leads.
+    let (leader, before) = loop {
+        let leader = cluster.wait_for_leader(REELECTION_WITHIN);
+        match cluster.status(leader) {
+            Ok(status) if status.is_leader() => break (leader, status),
+            _ => continue,
+        }
+    };
     cluster.put("smoke/cluster", "before");
 
     cluster.kill9(leader);
@@ -125,10 +131,17 @@ fn etcd_cluster_of_three_elects_a_new_leader_after_kill9() {
     let new_leader = cluster.wait_for_leader(REELECTION_WITHIN);
     let took = killed.elapsed();
     println!("etcd leader {leader} killed; member {new_leader} leads after {took:?}");
+    // The behaviour, not the schedule: another member leads, in a later term than the killed
+    // leader's (how many terms an election takes depends on the load, so no number is assumed).
     assert_ne!(new_leader, leader);
     let status = cluster.status(new_leader).expect("new leader status");
-    assert_ne!(status.member_id, old_leader_id);
-    assert!(status.raft_term >= 3, "term {}", status.raft_term);
+    assert_ne!(status.member_id, before.member_id);
+    assert!(
+        status.raft_term > before.raft_term,
+        "new leader's term {} is not after the killed leader's term {}",
+        status.raft_term,
+        before.raft_term
+    );
 
     // The two survivors form a quorum: reads see the old write, writes commit.
     assert_eq!(
@@ -137,27 +150,34 @@ fn etcd_cluster_of_three_elects_a_new_leader_after_kill9() {
     );
     cluster.put("smoke/cluster", "after");
 
-    // The killed member rejoins and catches up.
+    // The killed member rejoins (ready: it knows a leader) and catches up. It may start an
+    // election as it comes back, so which member leads afterwards is not asserted.
     cluster.restart(leader);
-    assert!(cluster.is_healthy(leader));
-    let caught_up = Instant::now() + Duration::from_secs(5);
-    let expected = cluster.status(new_leader).expect("status").revision;
-    while cluster.status(leader).map(|s| s.revision) != Ok(expected) {
+    cluster.wait_for_leader(REELECTION_WITHIN);
+    let written = cluster.put("smoke/cluster", "rejoined");
+    let caught_up = Instant::now() + REELECTION_WITHIN;
+    while cluster.status(leader).map(|s| s.revision) != Ok(written) {
         assert!(
             Instant::now() < caught_up,
-            "restarted member {leader} did not catch up to revision {expected}"
+            "restarted member {leader} did not catch up to revision {written}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(cluster.wait_for_leader(REELECTION_WITHIN), new_leader);
 
-    // A paused follower: the others keep serving.
-    let follower = (0..3).find(|&i| i != new_leader).expect("a follower");
+    // A paused member does not answer, and the two others keep serving writes.
+    let follower = (0..3)
+        .find(|&i| i != cluster.wait_for_leader(REELECTION_WITHIN))
+        .expect("a follower");
     cluster.pause(follower);
     assert!(!cluster.is_healthy(follower));
+    cluster.wait_for_leader(REELECTION_WITHIN);
     cluster.put("smoke/cluster", "paused follower");
     cluster.resume(follower);
-    assert_eq!(cluster.wait_for_leader(REELECTION_WITHIN), new_leader);
+    wait_until_healthy(&cluster, follower);
+    assert_eq!(
+        cluster.get("smoke/cluster").map(|kv| kv.value),
+        Some(b"paused follower".to_vec())
+    );
 }
 
 #[test]

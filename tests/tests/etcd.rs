@@ -13,7 +13,7 @@
 //! election timeout) raises anything shorter to 2 s, so lease bounds here are in seconds and
 //! generous: the box has two cores shared by etcd, the holder processes and the tests.
 //!
-//! The harness talks to etcd with blocking HTTP calls; from async tests they run through
+//! The harness's calls to etcd (through `etcd-client`) block; from async tests they run through
 //! [`blocking`] (`block_in_place`), so the runtimes' background tasks keep running meanwhile.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -28,7 +28,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 /// The runtime's default key prefix.
 const PREFIX: &str = "dlock:";
 
-/// Runs a blocking harness call (HTTP to etcd, a signal, a process start) without stalling
+/// Runs a blocking harness call (a request to etcd, a signal, a process start) without stalling
 /// the other tasks of the test's runtime.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
@@ -93,22 +93,15 @@ fn lease_alive(etcd: &EtcdCluster, id: i64) -> bool {
     blocking(|| etcd.lease_ttl(id)).is_some()
 }
 
-/// The TTL lease `id` was granted with (`grantedTTL` of `/v3/lease/timetolive`): what the
-/// server made of the runtime's whole-second TTL.
+/// The TTL lease `id` was granted with: what the server made of the runtime's whole-second
+/// TTL.
 fn granted_ttl(etcd: &EtcdCluster, id: i64) -> Option<i64> {
-    let reply = blocking(|| etcd.post("/v3/lease/timetolive", &format!(r#"{{"ID":"{id}"}}"#)));
-    reply
-        .split(r#""grantedTTL":""#)
-        .nth(1)?
-        .split('"')
-        .next()?
-        .parse()
-        .ok()
+    blocking(|| etcd.lease_granted_ttl(id))
 }
 
-/// Revokes lease `id` behind the runtime's back, through the JSON gateway.
+/// Revokes lease `id` behind the runtime's back.
 fn revoke_lease(etcd: &EtcdCluster, id: i64) {
-    blocking(|| etcd.post("/v3/lease/revoke", &format!(r#"{{"ID":"{id}"}}"#)));
+    blocking(|| etcd.lease_revoke(id));
 }
 
 /// Waits until the contender key `held` is gone and its lease revoked (or expired); returns

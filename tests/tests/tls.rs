@@ -1,8 +1,10 @@
 //! `rediss://` end to end against a TLS-only `redis-server` ([`RedisServer::start_tls`], a
-//! self-signed certificate, `#insecure` on the client): acquisition and exclusion between two
-//! runtimes, a release waking a waiter through pub/sub over TLS, the watchdog renewing a short
-//! lease, and the failures: a plaintext `redis://` URL to the TLS port and a verified
-//! `rediss://` URL to an untrusted certificate both end in `LockError::Backend`, promptly.
+//! certificate signed by a test CA that the client trusts through `?ca=`): acquisition and
+//! exclusion between two runtimes, a release waking a waiter through pub/sub over TLS, the
+//! watchdog renewing a short lease, and the failures: a plaintext `redis://` URL to the TLS port
+//! and a `rediss://` URL that does not trust the test CA both end in `LockError::Backend`,
+//! promptly; `#insecure` (verification off) is `InvalidConfig` without the crate's
+//! `tls-insecure-skip-verify` feature.
 
 use std::time::{Duration, Instant};
 
@@ -201,7 +203,7 @@ async fn tls_plaintext_url_to_tls_port_fails_with_backend_error_promptly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_self_signed_certificate_is_rejected_without_insecure() {
+async fn tls_certificate_of_an_untrusted_ca_is_rejected() {
     let server = RedisServer::start_tls();
     let verified = server.tls_url_verified();
     let start = Instant::now();
@@ -232,4 +234,24 @@ async fn tls_self_signed_certificate_is_rejected_without_insecure() {
         "failing took {:?} with a 2 s timeout",
         start.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_insecure_fragment_is_refused_without_its_feature() {
+    let server = RedisServer::start_tls();
+    let insecure = server.insecure_url();
+    let err = Runtime::from_url(&insecure)
+        .await
+        .expect_err("#insecure turns verification off: refused unless the feature is on");
+    assert!(err.is_invalid_config(), "{insecure}: {err:?}");
+    assert!(
+        err.to_string().contains("tls-insecure-skip-verify"),
+        "the message names the feature: {err}"
+    );
+    let err = Runtime::builder()
+        .redis(insecure.clone())
+        .build()
+        .await
+        .expect_err("the builder refuses it too");
+    assert!(err.is_invalid_config(), "{insecure}: {err:?}");
 }

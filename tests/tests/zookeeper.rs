@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{HolderProcess, RedisServer, Runtime, assert_between, eventually};
@@ -36,34 +37,6 @@ async fn zk_runtime(zk: &ZooKeeperServer, session_timeout: Duration) -> Runtime 
 /// A runtime with the default 10 s session timeout.
 async fn runtime(zk: &ZooKeeperServer) -> Runtime {
     zk_runtime(zk, Duration::from_secs(10)).await
-}
-
-/// The key as one path segment, as the backend escapes it (`%`, `/`, the characters ZooKeeper
-/// rejects, and `.`/`..`).
-fn escape(key: &str) -> String {
-    let mut out = String::new();
-    for c in key.chars() {
-        let code = u32::from(c);
-        let rejected = c == '%'
-            || c == '/'
-            || code < 0x20
-            || (0x7f..=0x9f).contains(&code)
-            || (0xe000..=0xf8ff).contains(&code)
-            || (0xfff0..=0xffff).contains(&code)
-            || code > 0xffff;
-        if rejected {
-            let mut buf = [0u8; 4];
-            for byte in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{byte:02X}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    match out.as_str() {
-        "" | "." | ".." => format!("%{out}"),
-        _ => out,
-    }
 }
 
 /// Every ephemeral node the server knows, from `dump` (paths, in dump order).
@@ -87,7 +60,7 @@ fn ephemeral_nodes(zk: &ZooKeeperServer) -> Vec<String> {
 
 /// The queue of `key` (its `lock-<owner>-<sequence>` nodes), lowest sequence first.
 fn queue_of(zk: &ZooKeeperServer, key: &str) -> Vec<String> {
-    let parent = format!("/dlock/{}/", escape(key));
+    let parent = format!("/dlock/{}/", zookeeper_segment(key));
     let mut nodes: Vec<String> = ephemeral_nodes(zk)
         .into_iter()
         .filter(|n| n.starts_with(&parent))
@@ -844,7 +817,7 @@ async fn keys_needing_escapes_are_one_segment_and_exclude_only_when_equal() {
     let nodes = ephemeral_nodes(&zk);
     for guard in &guards {
         let key = guard.key();
-        let parent = format!("/dlock/{}/", escape(key));
+        let parent = format!("/dlock/{}/", zookeeper_segment(key));
         let mine: Vec<_> = nodes.iter().filter(|n| n.starts_with(&parent)).collect();
         if mine.len() != 1 {
             failures.push(format!("{key:?}: nodes {mine:?}"));

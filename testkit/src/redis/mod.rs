@@ -1,0 +1,344 @@
+//! `redis-server` for one test: [`RedisServer::start`] runs one on a free loopback port in a
+//! fresh temp dir, without persistence; `RedisServer::start_tls` (feature `tls`) a TLS-only
+//! one with a self-signed certificate. The Redis Cluster of six such processes is
+//! [`crate::cluster`].
+//!
+//! A server is ready when `INFO server` names its own process id, so a neighbour's server on a
+//! reused port cannot pass for it. The raw view of its keys, behind the runtime's back, is
+//! [`RedisKeys`], which a `RedisServer` dereferences to (`server.exists(..)`,
+//! `server.query(..)`).
+//!
+//! The binary is `redis-server` on `PATH`, or [`REDIS_SERVER_ENV`] (`DLOCK_REDIS_SERVER`).
+
+use std::ops::Deref;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::process::{Binary, Probe, TestProcess, find_binary, start_on_free_ports, temp_dir};
+
+mod keys;
+#[cfg(feature = "tls")]
+mod tls;
+
+pub use keys::RedisKeys;
+pub(crate) use keys::connect_cluster;
+
+/// The environment variable naming the `redis-server` binary (default: `redis-server` on `PATH`).
+pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";
+
+/// How long a freshly spawned `redis-server` may take to answer.
+const READY_WITHIN: Duration = Duration::from_secs(10);
+
+/// Connect and response timeout of the raw connections of [`RedisServer::conn`] (generous: the
+/// test box is noisy).
+const CONN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connect and read timeout of a readiness probe.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A `redis-server` process owned by one test: loopback only, a free port, no persistence.
+///
+/// Killed (SIGKILL, by PID) and reaped on drop; prints its log to stderr when dropped during a
+/// panic.
+#[derive(Debug)]
+pub struct RedisServer {
+    process: TestProcess,
+    keys: RedisKeys,
+    port: u16,
+    /// Serves TLS only (`--port 0 --tls-port <port>`), with a self-signed certificate in `dir`.
+    tls: bool,
+    /// Last: deleted after the process is killed.
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers.
+    ///
+    /// Panics with installation advice when the binary is missing.
+    pub fn start() -> RedisServer {
+        RedisServer::launch(temp_dir("dlock-redis-"), false, |port| {
+            vec!["--port".to_owned(), port.to_string()]
+        })
+    }
+
+    /// Starts a server in `dir` on a free port, with the listening arguments `listen(port)`.
+    fn launch(
+        dir: tempfile::TempDir,
+        tls: bool,
+        listen: impl Fn(u16) -> Vec<String>,
+    ) -> RedisServer {
+        let bin = redis_server_binary();
+        let kind = if tls {
+            "redis-server (TLS)"
+        } else {
+            "redis-server"
+        };
+        let (process, port) = start_on_free_ports(kind, 1, |ports| {
+            let port = ports[0];
+            let mut process = server_process(
+                &bin,
+                dir.path(),
+                format!("{kind} on port {port}"),
+                &listen(port),
+                server_url(port, tls),
+            );
+            process.start().map(|()| (process, port))
+        });
+        RedisServer {
+            process,
+            keys: RedisKeys::server(server_url(port, tls)),
+            port,
+            tls,
+            dir,
+        }
+    }
+
+    /// Whether this server speaks TLS only.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The URL for a lock runtime: `redis://127.0.0.1:<port>`, or for a TLS server
+    /// `rediss://127.0.0.1:<port>/?ca=<the test CA>` (verified against the CA that signed it).
+    pub fn url(&self) -> String {
+        if self.tls {
+            format!(
+                "rediss://127.0.0.1:{}/?ca={}",
+                self.port,
+                self.dir.path().join("ca.pem").display()
+            )
+        } else {
+            server_url(self.port, false)
+        }
+    }
+
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's process id. Panics if it is not running.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// The directory holding the server's log `redis.log` (and nothing else: persistence is
+    /// off), and the certificate of a TLS server.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Kills the server with SIGKILL and reaps it. The port stays reserved for
+    /// [`restart`](RedisServer::restart).
+    pub fn kill9(&mut self) {
+        self.process.kill9();
+    }
+
+    /// Stops the server with SIGTERM (SIGKILL after 5 s) and reaps it.
+    pub fn stop(&mut self) {
+        self.process.stop();
+    }
+
+    /// Stops the server and starts a new one on the same port. It comes back empty: there is
+    /// no persistence.
+    pub fn restart(&mut self) {
+        self.process.restart();
+    }
+
+    /// Freezes the server with SIGSTOP: connections stay open and requests go unanswered.
+    pub fn pause(&mut self) {
+        self.process.pause();
+    }
+
+    /// Resumes a server frozen by [`pause`](RedisServer::pause) with SIGCONT.
+    pub fn resume(&mut self) {
+        self.process.resume();
+    }
+
+    /// A raw `redis` client for this server (to inspect keys, or change them behind a holder's
+    /// back).
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(server_url(self.port, self.tls))
+            .expect("a redis client for the test server")
+    }
+
+    /// A raw multiplexed connection with generous timeouts (the test box is noisy).
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        connect(&server_url(self.port, self.tls), CONN_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("connect to the test redis-server: {e}"))
+    }
+
+    /// How many scripts the server has run so far (`calls` of `evalsha`, `eval`, `fcall` and
+    /// their read-only variants in `INFO commandstats`).
+    pub async fn script_calls(&self) -> u64 {
+        let info: String = self.query(redis::cmd("INFO").arg("commandstats")).await;
+        script_calls_in(&info)
+    }
+
+    /// `PUBSUB NUMSUB channel`: how many client connections subscribe to the channel.
+    pub async fn subscribers(&self, channel: &str) -> u64 {
+        let reply: Vec<redis::Value> = self
+            .query(redis::cmd("PUBSUB").arg("NUMSUB").arg(channel))
+            .await;
+        match reply.get(1) {
+            Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+            other => panic!("unexpected PUBSUB NUMSUB reply: {other:?}"),
+        }
+    }
+
+    /// The server log so far (every run of it).
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+}
+
+impl Deref for RedisServer {
+    type Target = RedisKeys;
+
+    /// The raw view of this server's keys.
+    fn deref(&self) -> &RedisKeys {
+        &self.keys
+    }
+}
+
+/// Sums the `calls` of every script-running command in an `INFO commandstats` reply.
+pub fn script_calls_in(info: &str) -> u64 {
+    const SCRIPT_COMMANDS: [&str; 6] = [
+        "cmdstat_evalsha:",
+        "cmdstat_eval:",
+        "cmdstat_evalsha_ro:",
+        "cmdstat_eval_ro:",
+        "cmdstat_fcall:",
+        "cmdstat_fcall_ro:",
+    ];
+    info.lines()
+        .filter(|line| SCRIPT_COMMANDS.iter().any(|c| line.starts_with(c)))
+        .filter_map(|line| {
+            let fields = line.split_once(':')?.1;
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// The Redis key of the lock hash for `key` with the default prefix: `dlock:{<key>}`.
+pub fn lock_key(key: &str) -> String {
+    format!("dlock:{{{key}}}")
+}
+
+/// The Redis key of the fence counter for `key`: `dlock:{<key>}:fence`.
+pub fn fence_key(key: &str) -> String {
+    format!("dlock:{{{key}}}:fence")
+}
+
+/// The release channel for `key`: `dlock:{<key>}:released`.
+pub fn released_channel(key: &str) -> String {
+    format!("dlock:{{{key}}}:released")
+}
+
+/// The URL raw test clients use (the redis crate; `#insecure` for a TLS server).
+fn server_url(port: u16, tls: bool) -> String {
+    if tls {
+        format!("rediss://127.0.0.1:{port}/#insecure")
+    } else {
+        format!("redis://127.0.0.1:{port}")
+    }
+}
+
+/// `redis-server` from [`REDIS_SERVER_ENV`] or `PATH`; panics with installation advice.
+pub(crate) fn redis_server_binary() -> Binary {
+    find_binary(
+        REDIS_SERVER_ENV,
+        "redis-server",
+        "--version",
+        "install it with `apt-get install -y redis-server`",
+    )
+}
+
+/// A `redis-server` without persistence on loopback, in `dir` (log `redis.log`), listening as
+/// `listen` says; ready when `INFO server` at `probe_url` names its own process id.
+pub(crate) fn server_process(
+    bin: &Binary,
+    dir: &Path,
+    label: String,
+    listen: &[String],
+    probe_url: String,
+) -> TestProcess {
+    let mut command = Command::new(&bin.path);
+    command
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args(["--bind", "127.0.0.1"])
+        .args(listen)
+        .arg("--dir")
+        .arg(dir);
+    TestProcess::new(label, command, dir.join("redis.log")).ready_when(
+        READY_WITHIN,
+        move |pid, _| match query_sync::<String>(
+            &probe_url,
+            redis::cmd("INFO").arg("server"),
+            PROBE_TIMEOUT,
+        ) {
+            Ok(info)
+                if info
+                    .lines()
+                    .any(|l| l.trim() == format!("process_id:{pid}")) =>
+            {
+                Probe::Ready
+            }
+            Ok(info) if info.contains("process_id:") => Probe::Foreign,
+            Ok(_) => Probe::NotYet,
+            Err(e) if e.kind() == redis::ErrorKind::InvalidClientConfig => Probe::Failed(format!(
+                "the redis client rejects {probe_url}: {e} (`rediss://…#insecure` needs the redis \
+                 crate's `tls-rustls-insecure` feature)"
+            )),
+            Err(_) => Probe::NotYet,
+        },
+    )
+}
+
+/// Runs one command over a fresh blocking connection to `url`, bounded by `timeout`.
+pub(crate) fn query_sync<T: redis::FromRedisValue>(
+    url: &str,
+    cmd: &redis::Cmd,
+    timeout: Duration,
+) -> redis::RedisResult<T> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_connection_with_timeout(timeout)?;
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))?;
+    cmd.query(&mut conn)
+}
+
+/// A multiplexed connection to `url` with `timeout` to connect and for each response.
+pub(crate) async fn connect(
+    url: &str,
+    timeout: Duration,
+) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    redis::Client::open(url)?
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_calls_are_summed_over_script_commands() {
+        let info = "# Commandstats\r\n\
+                    cmdstat_evalsha:calls=3,usec=10,usec_per_call=3.3\r\n\
+                    cmdstat_get:calls=7,usec=1\r\n\
+                    cmdstat_fcall_ro:calls=2,usec=1\r\n";
+        assert_eq!(script_calls_in(info), 5);
+        assert_eq!(lock_key("k"), "dlock:{k}");
+        assert_eq!(fence_key("k"), "dlock:{k}:fence");
+        assert_eq!(released_channel("k"), "dlock:{k}:released");
+    }
+}
