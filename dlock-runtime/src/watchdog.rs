@@ -308,7 +308,7 @@ impl Watchdog {
 mod tests {
     use super::*;
     use crate::backend::memory::MemoryBackend;
-    use crate::backend::{Attempt, Backend, DynBackend};
+    use crate::backend::{Attempt, Backend, DynBackend, EngineResult};
 
     async fn setup() -> (Arc<Watchdog>, Arc<dyn DynBackend>) {
         let wd = Arc::new(Watchdog::default());
@@ -371,7 +371,7 @@ mod tests {
             key: &str,
             owner: &str,
             lease: Duration,
-        ) -> Result<Attempt, crate::LockError> {
+        ) -> EngineResult<Attempt> {
             Backend::try_acquire(&self.inner, key, owner, lease).await
         }
 

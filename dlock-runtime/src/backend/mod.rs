@@ -28,6 +28,9 @@ pub(crate) mod url;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
 
+/// What an engine call answers.
+pub(crate) type EngineResult<T> = Result<T, LockError>;
+
 /// A boxed, `Send` future borrowed from the backend.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

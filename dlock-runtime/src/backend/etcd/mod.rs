@@ -31,7 +31,7 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, GetOptions, SortOrder, SortTarget};
 use tokio::time::Instant;
 
-use super::{Attempt, Backend, Context, Released, Renewal};
+use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
 use crate::LockError;
 
 /// One contender: its lease, its key, and its create revision once written.
@@ -124,6 +124,20 @@ impl EtcdBackend {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// One read of `key`'s queue (every contender's key under its prefix) with `options`.
+    async fn read_queue(
+        &self,
+        key: &str,
+        what: &str,
+        options: GetOptions,
+    ) -> Result<etcd_client::GetResponse, LockError> {
+        self.bounded(Some(key), what, |mut c| {
+            let options = options.clone();
+            async move { c.get(self.queue_prefix(key), Some(options)).await }
+        })
+        .await
+    }
+
     fn queue_prefix(&self, key: &str) -> String {
         format!("{}{key}/", self.prefix)
     }
@@ -168,12 +182,7 @@ impl Backend for EtcdBackend {
         true
     }
 
-    async fn try_acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         // One attempt: queue and leave at once unless first in line.
         self.queue(key, owner, lease, Instant::now()).await
     }
@@ -275,12 +284,7 @@ impl Backend for EtcdBackend {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let first = self
-            .bounded(Some(key), "force unlock failed", |mut c| {
-                let options = options.clone();
-                async move { c.get(self.queue_prefix(key), Some(options)).await }
-            })
-            .await?;
+        let first = self.read_queue(key, "force unlock failed", options).await?;
         let Some(holder) = first.kvs().first() else {
             return Ok(false);
         };
@@ -296,12 +300,7 @@ impl Backend for EtcdBackend {
 
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
         let options = GetOptions::new().with_prefix().with_count_only();
-        let found = self
-            .bounded(Some(key), "lookup failed", |mut c| {
-                let options = options.clone();
-                async move { c.get(self.queue_prefix(key), Some(options)).await }
-            })
-            .await?;
+        let found = self.read_queue(key, "lookup failed", options).await?;
         Ok(found.count() > 0)
     }
 

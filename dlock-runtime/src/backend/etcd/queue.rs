@@ -81,12 +81,7 @@ impl EtcdBackend {
                 .with_max_create_revision(my_revision - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(1);
-            let before = self
-                .bounded(Some(key), "queue lookup failed", |mut c| {
-                    let options = options.clone();
-                    async move { c.get(self.queue_prefix(key), Some(options)).await }
-                })
-                .await?;
+            let before = self.read_queue(key, "queue lookup failed", options).await?;
             let Some(predecessor) = before.kvs().first() else {
                 if keeper.is_none() {
                     // First in line at once: the lease was just granted and the key just

@@ -11,7 +11,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::url::EngineUrl;
-use super::{Attempt, Backend, BoxFuture, Context, DynBackend, EngineConfig, Released, Renewal};
+use super::{
+    Attempt, Backend, BoxFuture, Context, DynBackend, EngineConfig, EngineResult, Released, Renewal,
+};
 use crate::LockError;
 
 /// Expired entries are swept every this many fresh acquisitions.
@@ -121,12 +123,7 @@ impl MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         Ok(self.acquire_now(key, owner, lease))
     }
 

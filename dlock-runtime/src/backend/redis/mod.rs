@@ -28,7 +28,7 @@ use self::cluster::ClusterLink;
 use self::link::Link;
 use self::names::Names;
 use self::script::{Scripts, decode_acquire, millis_ceil};
-use super::{Attempt, Backend, Context, Released, Renewal};
+use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
 use crate::LockError;
 
 /// How long the fence counter outlives the lock. After that the next token is floored at the
@@ -91,12 +91,7 @@ impl RedisBackend {
 }
 
 impl Backend for RedisBackend {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         let reply: i64 = self
             .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
                 cmd.arg(2)

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::redis::RedisBackend;
 use super::redis::config::redact;
-use super::{Attempt, Backend, Context, Released, Renewal};
+use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
 use crate::LockError;
 
 pub(crate) struct RedlockBackend {
@@ -114,12 +114,7 @@ impl RedlockBackend {
 }
 
 impl Backend for RedlockBackend {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         let started = Instant::now();
         let answers = self
             .on_all(Some(key), |node| node.try_acquire(key, owner, lease))

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState};
 
 use self::path::{escape, sequence};
-use super::{Attempt, Backend, Context, Released, Renewal};
+use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
 use crate::LockError;
 
 pub(crate) struct ZooKeeperBackend {
@@ -261,12 +261,7 @@ impl Backend for ZooKeeperBackend {
         true
     }
 
-    async fn try_acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        _lease: Duration,
-    ) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, key: &str, owner: &str, _lease: Duration) -> EngineResult<Attempt> {
         self.queue(key, owner, Instant::now()).await
     }
 
