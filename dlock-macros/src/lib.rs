@@ -19,13 +19,16 @@
 mod args;
 mod duration;
 mod expand;
+mod hint;
+mod item;
 mod key;
 
 use proc_macro2::{Span, TokenStream};
-use syn::parse::{Parse, ParseStream};
-use syn::{Attribute, GenericParam, Signature, Token, Visibility, braced};
 
 use crate::args::RawArgs;
+pub(crate) use crate::hint::{combine, similar_name};
+pub(crate) use crate::item::LockedFn;
+use crate::item::check_signature;
 use crate::key::Bindings;
 
 /// Turns an `async fn` into a critical section guarded by a distributed lock.
@@ -395,147 +398,6 @@ fn guard(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
 
 fn invalid_attribute() -> syn::Error {
     syn::Error::new(Span::call_site(), "invalid `#[distributed_lock]` attribute")
-}
-
-/// The item under the attribute, parsed as little as possible (tracing-attributes'
-/// `MaybeItemFn`): the body is kept as tokens and emitted untouched.
-pub(crate) struct LockedFn {
-    pub(crate) attrs: Vec<Attribute>,
-    pub(crate) vis: Visibility,
-    pub(crate) defaultness: Option<Token![default]>,
-    pub(crate) sig: Signature,
-    /// `#![...]` at the top of the body; they stay at the top of the new body.
-    pub(crate) inner_attrs: Vec<Attribute>,
-    pub(crate) body: TokenStream,
-    /// The `;` of a body-less declaration such as `async fn f(&self);` in a trait.
-    pub(crate) missing_body: Option<Token![;]>,
-}
-
-impl Parse for LockedFn {
-    fn parse(input: ParseStream) -> syn::Result<Self> {
-        let attrs = input.call(Attribute::parse_outer)?;
-        let vis: Visibility = input.parse()?;
-        let defaultness: Option<Token![default]> = input.parse()?;
-        if input.fork().parse::<Signature>().is_err() {
-            return Err(input.error(
-                "`#[distributed_lock]` can only be used on an `async fn`, e.g. \
-                 `async fn buy(id: u64) -> Result<(), ShopError>`",
-            ));
-        }
-        let sig: Signature = input.parse()?;
-        if input.peek(Token![;]) {
-            return Ok(LockedFn {
-                attrs,
-                vis,
-                defaultness,
-                sig,
-                inner_attrs: Vec::new(),
-                body: TokenStream::new(),
-                missing_body: Some(input.parse()?),
-            });
-        }
-        let content;
-        braced!(content in input);
-        let inner_attrs = content.call(Attribute::parse_inner)?;
-        let body: TokenStream = content.parse()?;
-        Ok(LockedFn {
-            attrs,
-            vis,
-            defaultness,
-            sig,
-            inner_attrs,
-            body,
-            missing_body: None,
-        })
-    }
-}
-
-/// Everything about the signature that rules out a guarded function.
-fn check_signature(func: &LockedFn) -> Vec<syn::Error> {
-    let sig = &func.sig;
-    let mut errors = Vec::new();
-    if let Some(constness) = &sig.constness {
-        errors.push(syn::Error::new(
-            constness.span,
-            "`#[distributed_lock]` cannot be used on a `const fn`; remove `const`",
-        ));
-    }
-    if let Some(abi) = &sig.abi {
-        let written = match &abi.name {
-            Some(name) => format!("extern {:?}", name.value()),
-            None => "extern".to_owned(),
-        };
-        errors.push(syn::Error::new_spanned(
-            abi,
-            format!("`#[distributed_lock]` cannot be used on an `{written}` function; remove `{written}`"),
-        ));
-    }
-    if sig.asyncness.is_none() && errors.is_empty() {
-        let message = if is_async_trait_output(sig) {
-            "`#[distributed_lock]` cannot be used inside `#[async_trait]`; use a native `async fn` \
-             in the trait instead"
-        } else {
-            "`#[distributed_lock]` can only be used on an `async fn`; add `async` before `fn`"
-        };
-        errors.push(syn::Error::new(sig.fn_token.span, message));
-    }
-    if let Some(semi) = &func.missing_body {
-        errors.push(syn::Error::new(
-            semi.span,
-            format!(
-                "`#[distributed_lock]` needs a function body; put it on the implementations of `{}`",
-                sig.ident
-            ),
-        ));
-    }
-    errors
-}
-
-/// `#[async_trait]` has already turned the method into `fn f<'async_trait>(..) -> Pin<Box<..>>`.
-fn is_async_trait_output(sig: &Signature) -> bool {
-    sig.generics.params.iter().any(|param| {
-        matches!(param, GenericParam::Lifetime(lifetime) if lifetime.lifetime.ident == "async_trait")
-    })
-}
-
-/// Folds several errors into one, as thiserror does; `None` when there are none.
-pub(crate) fn combine(errors: impl IntoIterator<Item = syn::Error>) -> Option<syn::Error> {
-    errors.into_iter().reduce(|mut combined, error| {
-        combined.combine(error);
-        combined
-    })
-}
-
-/// The candidate closest to `name` by edit distance, if it is close enough to be a typo.
-pub(crate) fn similar_name(
-    name: &str,
-    candidates: impl IntoIterator<Item = String>,
-) -> Option<String> {
-    let budget = (name.chars().count() / 3).max(1);
-    candidates
-        .into_iter()
-        .map(|candidate| (edit_distance(name, &candidate), candidate))
-        .filter(|(distance, _)| *distance <= budget)
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, candidate)| candidate)
-}
-
-/// Levenshtein distance over `char`s.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut current = Vec::with_capacity(b.len() + 1);
-        current.push(i + 1);
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = previous[j] + usize::from(ca != *cb);
-            let insertion = current[j] + 1;
-            let deletion = previous[j + 1] + 1;
-            current.push(substitution.min(insertion).min(deletion));
-        }
-        previous = current;
-    }
-    previous[b.len()]
 }
 
 #[cfg(test)]

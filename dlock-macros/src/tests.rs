@@ -1,6 +1,7 @@
 //! Unit tests of `lib`.
 
-use super::{LockedFn, check_signature, edit_distance, guard, similar_name};
+use super::hint::edit_distance;
+use super::{LockedFn, check_signature, guard, similar_name};
 use quote::quote;
 
 #[test]

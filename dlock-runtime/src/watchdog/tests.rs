@@ -1,0 +1,160 @@
+//! Unit tests of the watchdog, on the memory engine with tokio's paused clock.
+
+use super::*;
+use crate::backend::memory::MemoryBackend;
+use crate::backend::{Attempt, Backend, DynBackend, EngineResult};
+
+async fn setup() -> (Arc<Watchdog>, Arc<dyn DynBackend>) {
+    let wd = Arc::new(Watchdog::default());
+    let backend: Arc<dyn DynBackend> = Arc::new(MemoryBackend::new());
+    let weak = Arc::downgrade(&backend);
+    tokio::spawn(wd.clone().run(weak, 512));
+    (wd, backend)
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_every_third_of_the_lease_and_keeps_the_lock() {
+    let (wd, backend) = setup().await;
+    let lease = Duration::from_secs(3);
+    let sent = Instant::now();
+    backend.try_acquire("k", "a", lease).await.ok();
+    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, sent);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(!lost.is_lost());
+    let busy = backend.try_acquire("k", "b", lease).await.ok();
+    assert!(matches!(busy, Some(Attempt::Busy { .. })), "{busy:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn hard_cap_fires_lost_at_the_lease() {
+    let (wd, backend) = setup().await;
+    let lease = Duration::from_secs(2);
+    let sent = Instant::now();
+    backend.try_acquire("k", "a", lease).await.ok();
+    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, false, sent);
+    tokio::time::sleep(Duration::from_millis(1990)).await;
+    assert!(!lost.is_lost());
+    tokio::time::timeout(Duration::from_millis(20), lost.wait())
+        .await
+        .expect("lost resolves at the lease");
+}
+
+#[tokio::test(start_paused = true)]
+async fn deleted_lock_is_lost_within_a_renewal_interval() {
+    let (wd, backend) = setup().await;
+    let lease = Duration::from_secs(3);
+    let sent = Instant::now();
+    backend.try_acquire("k", "a", lease).await.ok();
+    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, sent);
+    backend.force_unlock("k").await.ok();
+    tokio::time::timeout(lease / 3 + Duration::from_millis(10), lost.wait())
+        .await
+        .expect("lost within lease/3");
+}
+
+/// Counts renewal calls; with `fail` set, every renewal errors (engine unreachable).
+struct Counting {
+    inner: MemoryBackend,
+    calls: std::sync::atomic::AtomicUsize,
+    fail: AtomicBool,
+}
+
+impl Backend for Counting {
+    async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
+        Backend::try_acquire(&self.inner, key, owner, lease).await
+    }
+
+    async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, crate::LockError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(crate::LockError::backend(None, "unreachable", None));
+        }
+        Backend::renew(&self.inner, batch).await
+    }
+
+    async fn release(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> Result<crate::backend::Released, crate::LockError> {
+        Backend::release(&self.inner, key, owner).await
+    }
+
+    async fn force_unlock(&self, key: &str) -> Result<bool, crate::LockError> {
+        Backend::force_unlock(&self.inner, key).await
+    }
+
+    async fn is_locked(&self, key: &str) -> Result<bool, crate::LockError> {
+        Backend::is_locked(&self.inner, key).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn batches_locks_due_together() {
+    let wd = Arc::new(Watchdog::default());
+    let counting = Arc::new(Counting {
+        inner: MemoryBackend::new(),
+        calls: Default::default(),
+        fail: AtomicBool::new(false),
+    });
+    let backend: Arc<dyn DynBackend> = counting.clone();
+    tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
+    let lease = Duration::from_secs(3);
+    // 1,000 locks acquired evenly over one second (one every millisecond).
+    let mut lost = Vec::new();
+    for i in 0..1000 {
+        let key = format!("k{i}");
+        backend.try_acquire(&key, "a", lease).await.ok();
+        lost.push(
+            wd.register(&key, "a", lease, Duration::ZERO, true, Instant::now())
+                .1,
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let before = counting.calls.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let calls = counting.calls.load(Ordering::SeqCst) - before;
+    // One lock at a time would be 1,000 locks x 10 renewals; the coalescing window
+    // (lease/12) allows at most about 4 calls per renewal interval (1 s).
+    assert!(calls <= 50, "{calls} renewal calls in 10 s for 1,000 locks");
+    assert!(
+        calls >= 10,
+        "{calls}: locks must still be renewed every interval"
+    );
+    assert!(lost.iter().all(|l| !l.is_lost()));
+    for i in 0..1000 {
+        let busy = backend.try_acquire(&format!("k{i}"), "b", lease).await.ok();
+        assert!(matches!(busy, Some(Attempt::Busy { .. })), "k{i} expired");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn unreachable_engine_is_lost_when_the_lease_runs_out_not_before() {
+    let wd = Arc::new(Watchdog::default());
+    let failing = Arc::new(Counting {
+        inner: MemoryBackend::new(),
+        calls: Default::default(),
+        fail: AtomicBool::new(false),
+    });
+    let backend: Arc<dyn DynBackend> = failing.clone();
+    tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
+    let lease = Duration::from_secs(3);
+    backend.try_acquire("k", "a", lease).await.ok();
+    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now());
+    // First renewal (at 1 s) succeeds: the lease is confirmed until about 4 s.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    failing.fail.store(true, Ordering::SeqCst);
+    // Failed renewals are retried, not a loss, while the confirmed lease lasts.
+    tokio::time::sleep(Duration::from_millis(2800)).await;
+    assert!(
+        !lost.is_lost(),
+        "a transient renewal error alone is not a loss"
+    );
+    assert!(
+        failing.calls.load(Ordering::SeqCst) > 3,
+        "failed renewals are retried"
+    );
+    tokio::time::timeout(Duration::from_millis(200), lost.wait())
+        .await
+        .expect("lost when the last confirmed lease runs out");
+}
