@@ -19,26 +19,27 @@
 //!   the process's memory per held lock;
 //! - `macro`: the attribute's cost: an annotated function against the same body written by
 //!   hand with `lock().acquire()` + body + `release()`, on the memory and Redis backends;
-//! - `multi`: Redlock (3 and 5 nodes) and a 3-master Cluster against standalone Redis, and the
-//!   floor of a fan-out on this machine;
+//! - `multi`: Redlock (3 and 5 nodes) and a Cluster (3 masters, a replica each) against
+//!   standalone Redis, and the floor of a fan-out on this machine;
 //! - `cp` (feature `cp-engines`): etcd and ZooKeeper against their own raw round trips.
 //!
-//! Layout: [`options`] reads the command line, [`servers`] starts every server process,
-//! [`workloads`] holds one module per family, [`baselines`] the raw client calls they are
-//! compared with, [`stats`] percentiles and ratios, [`commandstats`] Redis's command counters,
-//! [`report`] the table.
+//! Layout: [`options`] reads the command line, [`workloads`] holds one module per family,
+//! [`baselines`] the raw client calls they are compared with, [`stats`] percentiles and ratios,
+//! [`commandstats`] Redis's command counters, [`report`] the table. Every server process comes
+//! from the test process kit (`dlock-testkit`) through [`start`], and is killed by PID when its
+//! handle drops.
 
 mod baselines;
 mod commandstats;
 mod options;
 mod report;
-mod servers;
 mod stats;
 mod workloads;
 
 use std::error::Error;
 
 use dlock_runtime::Runtime;
+use dlock_testkit::RedisServer;
 
 use crate::options::{Options, Section};
 use crate::workloads::{attribute, distinct_keys, fan_out, hot_key, sequential};
@@ -50,6 +51,15 @@ struct Setup {
     url: String,
     rt: Runtime,
     options: Options,
+}
+
+/// Runs `start`, a test process kit call that blocks until its server serves, off the async
+/// workers. The kit panics with installation advice when a binary is missing; that panic
+/// becomes this error.
+async fn start<T: Send + 'static>(
+    start: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, BoxError> {
+    Ok(tokio::task::spawn_blocking(start).await?)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -65,8 +75,8 @@ async fn main() -> Result<(), BoxError> {
             std::process::exit(2);
         }
     };
-    let server = servers::redis().await?;
-    let url = server.url().to_owned();
+    let server = start(RedisServer::start).await?;
+    let url = server.url();
     let rt = Runtime::builder().redis(&url).build().await?;
     let setup = Setup { url, rt, options };
 

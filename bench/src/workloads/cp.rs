@@ -4,11 +4,13 @@
 use std::time::Instant;
 
 use dlock_runtime::Runtime;
+use dlock_testkit::etcd::EtcdServer;
+use dlock_testkit::zookeeper::ZooKeeperServer;
 
 use crate::report::Row;
 use crate::stats::p50;
 use crate::workloads::{hot_key, sequential};
-use crate::{BoxError, Setup, servers};
+use crate::{BoxError, Setup, start};
 
 /// Sequential acquire + release of `rt` against `raw_pair` (the engine's own round trips,
 /// described by `raw_label`), in interleaved rounds of 50, and the hot-key handoff (16 tasks,
@@ -46,10 +48,10 @@ async fn engine_rows(
 
 /// Section `cp`.
 pub(super) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
-    let etcd_server = servers::etcd().await?;
-    let endpoint = etcd_server.url();
-    let etcd_rt = Runtime::builder().etcd([endpoint]).build().await?;
-    let mut etcd = etcd_client::Client::connect([endpoint], None).await?;
+    let etcd_server = start(EtcdServer::start).await?;
+    let endpoints = etcd_server.endpoints();
+    let etcd_rt = Runtime::builder().etcd(endpoints.clone()).build().await?;
+    let mut etcd = etcd_client::Client::connect(endpoints, None).await?;
     let raw_etcd = async || {
         etcd.put("bench-raw", "x", None).await?;
         etcd.delete("bench-raw", None).await?;
@@ -57,10 +59,10 @@ pub(super) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     };
     let mut rows = engine_rows("etcd", etcd_rt, "raw put + delete", raw_etcd, setup).await?;
 
-    let zk_server = servers::zookeeper().await?;
-    let connect = zk_server.url();
-    let zk_rt = Runtime::builder().zookeeper(connect).build().await?;
-    let zk = zookeeper_client::Client::connect(connect).await?;
+    let zk_server = start(ZooKeeperServer::start).await?;
+    let connect = zk_server.connect_string();
+    let zk_rt = Runtime::builder().zookeeper(&connect).build().await?;
+    let zk = zookeeper_client::Client::connect(&connect).await?;
     let persistent =
         zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
     let raw_zk = async || {

@@ -1,25 +1,22 @@
-//! Fan-out: Redlock on 3 and 5 nodes and a 3-master Redis Cluster, against standalone Redis:
-//! sequential latency in interleaved rounds, and hot-key handoff.
+//! Fan-out: Redlock on 3 and 5 nodes and a Redis Cluster of 3 masters (each with a replica),
+//! against standalone Redis: sequential latency in interleaved rounds, and hot-key handoff.
 
 use dlock_runtime::Runtime;
+use dlock_testkit::RedisServer;
+use dlock_testkit::cluster::RedisCluster;
 
 use crate::report::Row;
-use crate::servers::{self, Server};
 use crate::stats::p50;
 use crate::workloads::{hot_key, sequential};
-use crate::{BoxError, Setup, baselines};
+use crate::{BoxError, Setup, baselines, start};
 
 /// `n` standalone servers, for Redlock.
-async fn nodes(n: usize) -> Result<Vec<Server>, BoxError> {
-    let mut nodes = Vec::with_capacity(n);
-    for _ in 0..n {
-        nodes.push(servers::redis().await?);
-    }
-    Ok(nodes)
+async fn nodes(n: usize) -> Result<Vec<RedisServer>, BoxError> {
+    start(move || (0..n).map(|_| RedisServer::start()).collect()).await
 }
 
-fn urls(servers: &[Server]) -> Vec<String> {
-    servers.iter().map(|s| s.url().to_owned()).collect()
+fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
 }
 
 /// Section `multi`.
@@ -28,7 +25,7 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     let mut rows = Vec::new();
     let three = nodes(3).await?;
     let five = nodes(5).await?;
-    let cluster = servers::redis_cluster().await?;
+    let cluster = start(RedisCluster::start).await?;
     let engines = [
         (
             "Redlock, 3 nodes",
@@ -43,7 +40,7 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
         (
             "Cluster, 3 masters",
             Runtime::builder()
-                .redis_cluster(urls(&cluster))
+                .redis_cluster(cluster.seeds())
                 .build()
                 .await?,
             "",

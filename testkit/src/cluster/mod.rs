@@ -81,7 +81,7 @@ impl RedisCluster {
         cluster.keys = RedisKeys::cluster(cluster.live_seeds());
         cluster.form();
         let ports = |nodes: &[Node]| nodes.iter().map(|n| n.port).collect::<Vec<_>>();
-        println!(
+        eprintln!(
             "redis cluster ready in {:?}: masters {:?}, replicas {:?}",
             started.elapsed(),
             ports(&cluster.nodes[..MASTERS]),
