@@ -31,6 +31,9 @@ pub(crate) mod zookeeper;
 /// What an engine call answers.
 pub(crate) type EngineResult<T> = Result<T, LockError>;
 
+/// An engine connecting: the erased backend, or why not.
+pub(crate) type Connecting = BoxFuture<'static, EngineResult<Arc<dyn DynBackend>>>;
+
 /// A boxed, `Send` future borrowed from the backend.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -141,10 +144,7 @@ pub(crate) trait EngineConfig: CloneConfig + fmt::Debug + Send + Sync + 'static 
     }
 
     /// Connects (bounded by `ctx.timeout`).
-    fn connect(
-        self: Box<Self>,
-        ctx: Context,
-    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>>;
+    fn connect(self: Box<Self>, ctx: Context) -> Connecting;
 }
 
 /// A boxed copy of a configuration (the builder is `Clone`).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::EtcdBackend;
 use crate::LockError;
 use crate::backend::url::EngineUrl;
-use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig};
+use crate::backend::{Connecting, Context, DynBackend, EngineConfig};
 
 #[derive(Debug, Clone)]
 pub(crate) struct EtcdConfig {
@@ -34,10 +34,7 @@ impl EngineConfig for EtcdConfig {
         "etcd"
     }
 
-    fn connect(
-        self: Box<Self>,
-        ctx: Context,
-    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>> {
+    fn connect(self: Box<Self>, ctx: Context) -> Connecting {
         Box::pin(async move {
             if self.endpoints.is_empty() {
                 return Err(LockError::config("etcd needs at least one endpoint"));

@@ -12,7 +12,8 @@ use tokio::time::Instant;
 
 use super::url::EngineUrl;
 use super::{
-    Attempt, Backend, BoxFuture, Context, DynBackend, EngineConfig, EngineResult, Released, Renewal,
+    Attempt, Backend, Connecting, Context, DynBackend, EngineConfig, EngineResult, Released,
+    Renewal,
 };
 use crate::LockError;
 
@@ -178,10 +179,7 @@ impl EngineConfig for MemoryConfig {
         "memory"
     }
 
-    fn connect(
-        self: Box<Self>,
-        _ctx: Context,
-    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>> {
+    fn connect(self: Box<Self>, _ctx: Context) -> Connecting {
         Box::pin(async { Ok(Arc::new(MemoryBackend::new()) as Arc<dyn DynBackend>) })
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::RedisBackend;
 use crate::LockError;
 use crate::backend::url::{EngineUrl, split_pair};
-use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig};
+use crate::backend::{Connecting, Context, DynBackend, EngineConfig};
 
 /// The query options of a node URL: the redis client's, and `ca`.
 pub(crate) const CLIENT_OPTIONS: [&str; 5] = ["protocol", "db", "user", "pass", "ca"];
@@ -162,10 +162,7 @@ impl EngineConfig for RedisConfig {
         &CLIENT_OPTIONS
     }
 
-    fn connect(
-        self: Box<Self>,
-        ctx: Context,
-    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>> {
+    fn connect(self: Box<Self>, ctx: Context) -> Connecting {
         Box::pin(async move {
             let backend = match *self {
                 Self::Single(url) => {

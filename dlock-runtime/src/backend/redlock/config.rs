@@ -10,7 +10,7 @@ use super::RedlockBackend;
 use crate::LockError;
 use crate::backend::redis::config::{CLIENT_OPTIONS, check_tls, node_urls, redact};
 use crate::backend::url::EngineUrl;
-use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig, Setting};
+use crate::backend::{Connecting, Context, DynBackend, EngineConfig, Setting};
 
 /// Default per-node timeout of Redlock calls.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
@@ -72,10 +72,7 @@ impl EngineConfig for RedlockConfig {
         &OPTIONS
     }
 
-    fn connect(
-        self: Box<Self>,
-        ctx: Context,
-    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>> {
+    fn connect(self: Box<Self>, ctx: Context) -> Connecting {
         Box::pin(async move {
             if self.nodes.len() < 3 {
                 return Err(LockError::config(format!(

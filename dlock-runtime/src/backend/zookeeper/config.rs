@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::ZooKeeperBackend;
 use crate::LockError;
 use crate::backend::url::EngineUrl;
-use crate::backend::{BoxFuture, Context, DynBackend, EngineConfig, Setting};
+use crate::backend::{Connecting, Context, DynBackend, EngineConfig, Setting};
 
 /// Default ZooKeeper session timeout: the bound after which a dead holder's lock is freed.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,10 +62,7 @@ impl EngineConfig for ZooKeeperConfig {
         &OPTIONS
     }
 
-    fn connect(
-        self: Box<Self>,
-        ctx: Context,
-    ) -> BoxFuture<'static, Result<Arc<dyn DynBackend>, LockError>> {
+    fn connect(self: Box<Self>, ctx: Context) -> Connecting {
         Box::pin(async move {
             let backend =
                 ZooKeeperBackend::connect(&self.connect, self.session_timeout, &ctx).await?;
