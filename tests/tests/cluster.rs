@@ -732,39 +732,6 @@ async fn standalone_server_as_seed_is_a_backend_error() {
     );
 }
 
-#[tokio::test]
-async fn malformed_cluster_config_is_invalid_config() {
-    for url in [
-        "redis+cluster://",
-        "redis+cluster://127.0.0.1:1,,127.0.0.1:2",
-        "redis+cluster://127.0.0.1:1?bogus=1",
-        "redis+cluster://127.0.0.1:1?timeout=soon",
-    ] {
-        let err = Runtime::from_url(url).await.expect_err(url);
-        assert!(
-            err.is_invalid_config(),
-            "{url}: expected InvalidConfig, got {err:?}"
-        );
-    }
-    let err = Runtime::builder()
-        .redis_cluster(Vec::<String>::new())
-        .build()
-        .await
-        .expect_err("no seeds");
-    assert!(err.is_invalid_config(), "no seeds: {err:?}");
-    for seed in ["http://127.0.0.1:1", "not a url"] {
-        let err = Runtime::builder()
-            .redis_cluster([seed])
-            .build()
-            .await
-            .expect_err(seed);
-        assert!(
-            err.is_invalid_config(),
-            "{seed}: expected InvalidConfig, got {err:?}"
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_shard_does_not_cost_locks_on_the_other_shards() {
     let lease = Duration::from_secs(3);

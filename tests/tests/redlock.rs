@@ -1,17 +1,19 @@
-//! Redlock over N independent `redis-server`s, under real faults: a minority killed or paused
-//! still locks (and a paused node costs at most the per-node timeout), a majority killed is a
-//! `Backend` error saying the quorum was not reached, a node restarted empty does not let a
-//! second holder in, a killed holder process frees the key on every node after about one
-//! lease, renewal keeps a short lease alive and `lost()` fires when it loses the majority;
-//! plus mutual exclusion, no fence, lease bounds, URL/builder and release notifications.
+//! What is particular to Redlock, over N independent `redis-server`s under real faults: a
+//! minority killed or paused still locks (and a paused node costs at most the per-node
+//! timeout), a majority killed is a `Backend` error saying the quorum was not reached, a node
+//! restarted empty does not let a second holder in, a killed holder process frees the key on
+//! every node after about one lease, renewal keeps a short lease alive on every node and
+//! `lost()` fires when it loses the majority; plus exclusion across processes, `valid_for`,
+//! lease bounds, the URL's node timeout and release notifications on every node. The behaviours
+//! every engine shares are in the conformance suite (`tests/conformance/`).
 //!
 //! Timing bounds are generous: the box has two cores shared by up to five servers per test.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockError, current_fence, with_lock};
+use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{
     HolderProcess, RedisServer, Runtime, assert_between, eventually, lock_key, released_channel,
 };
@@ -765,89 +767,21 @@ async fn renewal_keeps_one_second_lease_alive_for_four_seconds() {
         .await;
 }
 
+/// Right after acquiring, `valid_for()` is the lease minus Redlock's clock-drift allowance,
+/// less the time the acquisition took. (No fence on Redlock: the conformance suite.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tasks_on_two_runtimes_increment_counter_exactly() {
-    const TASKS_PER_RUNTIME: usize = 15;
-    const INCREMENTS: u64 = 8;
-    let nodes = Nodes::start(3);
-    let runtimes = [
-        nodes.runtime(RELAXED_NODE_TIMEOUT).await,
-        nodes.runtime(RELAXED_NODE_TIMEOUT).await,
-    ];
-    let key = "redlock:counter";
-    // The counter lives in node 0, next to (not inside) the lock.
-    let counter_key = "counter:redlock";
-    let inside = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for rt in &runtimes {
-        for _ in 0..TASKS_PER_RUNTIME {
-            let (rt, inside) = (rt.clone(), inside.clone());
-            let client = nodes.servers[0].client();
-            tasks.push(tokio::spawn(async move {
-                let mut conn = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect to node 0");
-                for _ in 0..INCREMENTS {
-                    let guard = rt
-                        .lock(key)
-                        .lease(Duration::from_secs(30))
-                        .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .expect("acquire");
-                    let others = inside.fetch_add(1, Ordering::SeqCst);
-                    assert_eq!(others, 0, "another holder is inside the critical section");
-                    let value: Option<u64> = redis::cmd("GET")
-                        .arg(counter_key)
-                        .query_async(&mut conn)
-                        .await
-                        .expect("GET");
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    let () = redis::cmd("SET")
-                        .arg(counter_key)
-                        .arg(value.unwrap_or(0) + 1)
-                        .query_async(&mut conn)
-                        .await
-                        .expect("SET");
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    guard.release().await.expect("release");
-                }
-            }));
-        }
-    }
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
-            .await
-            .expect("tasks finish")
-            .expect("task succeeds");
-    }
-    let expected = 2 * TASKS_PER_RUNTIME as u64 * INCREMENTS;
-    println!(
-        "{expected} increments by {} tasks over 2 Redlock runtimes took {:?}",
-        2 * TASKS_PER_RUNTIME,
-        start.elapsed()
-    );
-    let total: u64 = nodes.servers[0]
-        .query(redis::cmd("GET").arg(counter_key))
-        .await;
-    assert_eq!(total, expected, "lost updates: mutual exclusion failed");
-    nodes
-        .assert_on_every_live_node(key, false, "after every task released")
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fence_is_none_and_valid_for_is_within_the_lease() {
+async fn valid_for_is_within_the_lease_minus_the_drift() {
     let nodes = Nodes::start(3);
     let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
-    let key = "redlock:fence";
     let lease = Duration::from_secs(10);
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt
+        .lock("redlock:valid-for")
+        .lease(lease)
+        .acquire()
+        .await
+        .expect("acquire");
     let valid = guard.valid_for();
     println!("valid_for right after acquiring with lease {lease:?}: {valid:?}");
-    assert_eq!(guard.fence(), None, "Redlock must not claim a fence");
     assert!(valid > Duration::ZERO, "valid_for must be positive");
     assert!(
         valid <= lease - drift(lease),
@@ -859,13 +793,6 @@ async fn fence_is_none_and_valid_for_is_within_the_lease() {
         "valid_for {valid:?} is far below the lease right after acquiring"
     );
     guard.release().await.expect("release");
-    let fence = rt
-        .scope(with_lock(rt.lock(key).lease(lease), async {
-            current_fence()
-        }))
-        .await
-        .expect("with_lock");
-    assert_eq!(fence, None, "current_fence() under Redlock must be None");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1018,78 +945,22 @@ async fn url_with_node_timeout_works_against_real_servers() {
     );
 }
 
+/// A waiter on a Redlock key listens on the release channel of every node, so that a release
+/// reaching any majority wakes it. (The wake-up latency: the conformance suite.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fewer_than_three_nodes_is_invalid_config() {
-    for url in [
-        "redlock://127.0.0.1:1",
-        "redlock://127.0.0.1:1,127.0.0.1:2",
-        "redlock://127.0.0.1:1,127.0.0.1:2?node_timeout=50ms",
-    ] {
-        let err = Runtime::from_url(url).await.expect_err(url);
-        assert!(
-            err.is_invalid_config(),
-            "{url}: expected InvalidConfig, got {err:?}"
-        );
-        assert!(
-            err.to_string().contains("at least 3"),
-            "{url}: the message should say how many nodes are needed: {err}"
-        );
-    }
-    for urls in [
-        vec![],
-        vec!["redis://127.0.0.1:1"],
-        vec!["redis://127.0.0.1:1", "redis://127.0.0.1:2"],
-    ] {
-        let err = Runtime::builder()
-            .redlock(urls.clone())
-            .build()
-            .await
-            .expect_err("fewer than 3 nodes");
-        assert!(
-            err.is_invalid_config(),
-            "{urls:?}: expected InvalidConfig, got {err:?}"
-        );
-    }
-    for bad in [
-        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=0s",
-        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=soon",
-        "redlock://127.0.0.1:1,,127.0.0.1:3",
-    ] {
-        let err = Runtime::from_url(bad).await.expect_err(bad);
-        assert!(
-            err.is_invalid_config(),
-            "{bad}: expected InvalidConfig, got {err:?}"
-        );
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_wakes_a_waiter_on_another_runtime_quickly() {
+async fn waiter_subscribes_on_every_node() {
     let nodes = Nodes::start(3);
     let a = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:notified";
-    let lease = Duration::from_secs(30);
-    let guard = a
-        .lock(key)
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("A acquires");
+    let guard = a.lock(key).acquire().await.expect("A acquires");
     let waiter = tokio::spawn(async move {
-        let out = b
-            .lock(key)
-            .lease(lease)
+        b.lock(key)
             .wait(Duration::from_secs(10))
             .acquire()
-            .await;
-        let at = Instant::now();
-        if let Ok(guard) = &out {
-            assert!(guard.fence().is_none());
-        }
-        (out.map(drop), at)
+            .await
+            .map(drop)
     });
-    // The waiter listens on every node's release channel.
     let channel = released_channel(key);
     for (i, server) in nodes.live() {
         eventually(
@@ -1099,21 +970,12 @@ async fn release_wakes_a_waiter_on_another_runtime_quickly() {
         )
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!waiter.is_finished(), "the waiter must wait while A holds");
-    let released = Instant::now();
     guard.release().await.expect("A releases");
-    let (out, acquired_at) = tokio::time::timeout(Duration::from_secs(15), waiter)
+    tokio::time::timeout(Duration::from_secs(15), waiter)
         .await
         .expect("the waiter finishes")
-        .expect("waiter task");
-    out.expect("the waiter acquires after the release");
-    let latency = acquired_at.saturating_duration_since(released);
-    println!("waiter acquired {latency:?} after the release (holder's lease 30 s)");
-    assert!(
-        latency < Duration::from_millis(500),
-        "the waiter took {latency:?} after the release: the notification did not wake it"
-    );
+        .expect("waiter task")
+        .expect("the waiter acquires after the release");
 }
 
 /// Several OS processes, each with its own Redlock runtime on the same three nodes, increment
@@ -1157,4 +1019,7 @@ async fn processes_on_redlock_increment_a_counter_exactly() {
         .query(redis::cmd("GET").arg("counter:redlock-processes"))
         .await;
     assert_eq!(total, PROCESSES * ITERATIONS);
+    nodes
+        .assert_on_every_live_node("redlock:processes", false, "after every process released")
+        .await;
 }
