@@ -14,7 +14,13 @@
 //! that takes locks, for exclusion across processes and for kill -9 of a holder.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod acquire;
+
+pub use acquire::{AcquireExt, LONG_LEASE, acquire_within, assert_busy, assert_free};
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub use dlock_testkit::redis::{
@@ -205,4 +211,13 @@ pub fn assert_between(what: &str, elapsed: Duration, min: Duration, max: Duratio
         elapsed >= min && elapsed <= max,
         "{what}: took {elapsed:?}, expected between {min:?} and {max:?}"
     );
+}
+
+/// Sets a flag when dropped: tells whether a body future was dropped (cancelled).
+pub struct SetOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }

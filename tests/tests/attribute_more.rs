@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, current_fence, distributed_lock, lock, with_lock};
+use dlock_tests::AcquireExt;
 use dlock_tests::{
     Backend, Engine, HolderProcess, RedisServer, Runtime, assert_between, lock_key,
     on_both_backends,
@@ -214,9 +215,8 @@ async fn assert_released_promptly(b: &Backend, key: &str) {
     other
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
+        .held("another owner takes the key at once")
         .await
-        .expect("another owner takes the key at once")
         .release()
         .await
         .expect("release");
@@ -491,9 +491,8 @@ async fn attribute_timeout_converts_into_callers_error_variant(b: Backend) {
     let holder = other
         .lock("stock:9")
         .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .expect("holder");
+        .held("holder")
+        .await;
     let ran = AtomicBool::new(false);
     let start = Instant::now();
     let out = b.rt.scope(reserve(9, 3, &ran)).await;
@@ -570,9 +569,8 @@ async fn attribute_on_lost_ignore_body_completes_after_key_deleted(b: Backend) {
         .lock(key)
         .lease(Duration::from_secs(30))
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("the deleted key is free for another owner");
+        .held("the deleted key is free for another owner")
+        .await;
     assert!(!call.is_finished(), "the body ended early");
     let out = tokio::time::timeout(Duration::from_secs(20), call)
         .await

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use dlock_tests::AcquireExt;
 use dlock_tests::cluster::{MASTERS, RedisCluster};
 use dlock_tests::{
     HolderProcess, LockGuard, RedisServer, Runtime, assert_between, eventually, fence_key,
@@ -71,7 +72,7 @@ async fn locks_on_every_shard_exclude_a_second_runtime_and_release() {
 
     let mut guards = Vec::new();
     for (key, master) in &keys {
-        let guard = rt.lock(key.as_str()).acquire().await.expect("acquire");
+        let guard = rt.lock(key.as_str()).held("acquire").await;
         let hash = lock_key(key);
         assert_eq!(cluster.master_for_key(&hash).await, *master);
         // Asked of the master itself (no redirect): the hash lives on the key's shard.
@@ -100,10 +101,8 @@ async fn locks_on_every_shard_exclude_a_second_runtime_and_release() {
         let err = other
             .lock(key.as_str())
             .wait(Duration::from_millis(200))
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("a second runtime must not get a held key");
+            .refused("a second runtime must not get a held key")
+            .await;
         assert!(err.is_timeout(), "{key}: expected Timeout, got {err:?}");
         assert_eq!(err.key(), Some(key.as_str()));
         assert!(other.is_locked(key).await.expect("is_locked"));
@@ -117,9 +116,8 @@ async fn locks_on_every_shard_exclude_a_second_runtime_and_release() {
         );
         let next = other
             .lock(key.as_str())
-            .acquire()
-            .await
-            .expect("a released key is free for the second runtime");
+            .held("a released key is free for the second runtime")
+            .await;
         next.release().await.expect("release");
     }
     assert_eq!(rt.held_count(), 0);
@@ -153,9 +151,8 @@ async fn counter_stays_exact_with_three_runtimes_contending_on_every_shard() {
                         let guard = rt
                             .lock(key.as_str())
                             .wait(Duration::from_secs(30))
-                            .acquire()
-                            .await
-                            .expect("acquire under contention");
+                            .held("acquire under contention")
+                            .await;
                         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two inside");
                         let value: Option<u64> = redis::cmd("GET")
                             .arg(&counter)
@@ -230,10 +227,8 @@ async fn holder_process_on_a_cluster_url_excludes_until_killed() {
         );
         let err = rt
             .lock(key.as_str())
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("another process holds the key");
+            .refused("another process holds the key")
+            .await;
         assert!(err.is_timeout(), "expected Timeout, got {err:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -242,9 +237,8 @@ async fn holder_process_on_a_cluster_url_excludes_until_killed() {
     let guard = rt
         .lock(key.as_str())
         .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("the dead holder's lock expires");
+        .held("the dead holder's lock expires")
+        .await;
     assert_between(
         "acquire after kill -9 of a holder process with lease 1 s",
         killed.elapsed(),
@@ -269,9 +263,8 @@ async fn release_wakes_a_waiter_on_every_shard_within_500_ms() {
         let holder = holder_rt
             .lock(key.as_str())
             .lease(LONG_LEASE)
-            .acquire()
-            .await
-            .expect("holder");
+            .held("holder")
+            .await;
         let waiter = {
             let (rt, key) = (waiter_rt.clone(), key.clone());
             tokio::spawn(async move {
@@ -329,13 +322,7 @@ async fn watchdog_keeps_one_second_leases_on_every_shard_and_batches_per_slot() 
     let other = runtime(&cluster).await;
     let mut guards = Vec::new();
     for key in &keys {
-        guards.push(
-            rt.lock(key.as_str())
-                .lease(lease)
-                .acquire()
-                .await
-                .expect("acquire"),
-        );
+        guards.push(rt.lock(key.as_str()).lease(lease).held("acquire").await);
     }
     // Renewal calls go to the master of each slot; the locks held there use this many slots.
     let mut slots_there = HashSet::new();
@@ -387,10 +374,8 @@ async fn watchdog_keeps_one_second_leases_on_every_shard_and_batches_per_slot() 
         for key in &keys {
             let err = other
                 .lock(key.as_str())
-                .acquire()
-                .await
-                .map(|_guard| ())
-                .expect_err("a renewed key stays held");
+                .refused("a renewed key stays held")
+                .await;
             assert!(err.is_timeout(), "{key:?}: expected Timeout, got {err:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -419,7 +404,7 @@ async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
         let mut last = 0u64;
         for round in 0..6 {
             let rt = if round % 2 == 0 { &a } else { &b };
-            let guard = rt.lock(key.as_str()).acquire().await.expect("acquire");
+            let guard = rt.lock(key.as_str()).held("acquire").await;
             let fence = guard.fence().expect("a fence on Redis Cluster");
             assert!(
                 fence > last,
@@ -433,9 +418,8 @@ async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
             .lock(key.as_str())
             .lease(Duration::from_millis(300))
             .watchdog(false)
-            .acquire()
-            .await
-            .expect("acquire");
+            .held("acquire")
+            .await;
         let expiring_fence = expiring.fence().expect("fence");
         assert!(expiring_fence > last);
         tokio::time::timeout(Duration::from_secs(3), expiring.lost())
@@ -444,9 +428,8 @@ async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
         let next = b
             .lock(key.as_str())
             .wait(Duration::from_secs(3))
-            .acquire()
-            .await
-            .expect("the expired key is free");
+            .held("the expired key is free")
+            .await;
         assert!(
             next.fence().expect("fence") > expiring_fence,
             "{key:?}: fence after an expiry"
@@ -464,18 +447,8 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
     let (kept, dropped, fresh) = (&keys[0], &keys[1], &keys[2]);
     let rt = runtime(&cluster).await;
     let other = runtime(&cluster).await;
-    let kept_guard = rt
-        .lock(kept.as_str())
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
-    let dropped_guard = rt
-        .lock(dropped.as_str())
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
+    let kept_guard = rt.lock(kept.as_str()).lease(lease).held("acquire").await;
+    let dropped_guard = rt.lock(dropped.as_str()).lease(lease).held("acquire").await;
     let owner = cluster
         .hget(&lock_key(kept), "owner")
         .await
@@ -551,19 +524,16 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
         println!("the lock held across the failover is still held, renewed on the new master");
         let err = other
             .lock(kept.as_str())
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("a lock renewed on the promoted replica excludes others");
+            .refused("a lock renewed on the promoted replica excludes others")
+            .await;
         assert!(err.is_timeout(), "expected Timeout, got {err:?}");
         let kept_fence = kept_guard.fence().expect("fence");
         kept_guard.release().await.expect("release");
         // The replicated fence counter keeps growing on the new master.
         let next = other
             .lock(kept.as_str())
-            .acquire()
-            .await
-            .expect("the released key is free");
+            .held("the released key is free")
+            .await;
         assert!(next.fence().expect("fence") > kept_fence);
     }
 }
@@ -581,9 +551,8 @@ async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
     let holder = holder_rt
         .lock(key.as_str())
         .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+        .held("holder")
+        .await;
     let holder_fence = holder.fence().expect("fence");
     let waiter = {
         let (rt, key) = (waiter_rt.clone(), key.clone());
@@ -745,13 +714,7 @@ async fn stalled_shard_does_not_cost_locks_on_the_other_shards() {
         .expect("runtime");
     let mut guards = Vec::new();
     for (key, _) in &keys {
-        guards.push(
-            rt.lock(key.as_str())
-                .lease(lease)
-                .acquire()
-                .await
-                .expect("acquire"),
-        );
+        guards.push(rt.lock(key.as_str()).lease(lease).held("acquire").await);
     }
     // One renewal round first, so that the renewal script is cached on every node (its first
     // load goes to every node: see `frozen_master_does_not_block_first_locks_on_the_other_shards`).
@@ -800,9 +763,8 @@ async fn frozen_master_fails_over_and_the_runtime_resumes_on_the_promoted_replic
     let guard = rt
         .lock(keys[0].as_str())
         .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     cluster.pause(master);
     let failover = cluster.wait_for_failover(master).await;
     println!(
@@ -839,7 +801,7 @@ async fn frozen_seed_does_not_prevent_connecting_through_the_others() {
     );
     for (key, master) in cluster.one_key_per_master("frozen-seed").await {
         let start = Instant::now();
-        let guard = rt.lock(key.as_str()).acquire().await.expect("acquire");
+        let guard = rt.lock(key.as_str()).held("acquire").await;
         println!("node {master}: acquired in {:?}", start.elapsed());
         guard.release().await.expect("release");
     }

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
+use dlock_tests::{AcquireExt, SetOnDrop};
 use dlock_tests::{HolderProcess, LockGuard, RedisServer, Runtime, assert_between};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
@@ -146,31 +147,10 @@ async fn runtime(etcd: &EtcdCluster) -> Runtime {
         .expect("build an etcd runtime")
 }
 
-/// Asserts another runtime can take `key` at once (one attempt) and releases it.
-async fn assert_free_for(other: &Runtime, key: &str, what: &str) {
-    other
-        .lock(key)
-        .acquire()
-        .await
-        .unwrap_or_else(|e| panic!("{what}: another runtime cannot take `{key}`: {e:?}"))
-        .release()
-        .await
-        .unwrap_or_else(|e| panic!("{what}: release by the other runtime: {e:?}"));
-}
-
 /// `errors` in short: how many, and the first three (an etcd error carries its whole cause).
 fn summary(errors: &[String]) -> String {
     let first: Vec<&str> = errors.iter().take(3).map(|e| e.as_str()).collect();
     format!("{} errors, first {first:#?}", errors.len())
-}
-
-/// Sets a flag when dropped: tells whether a body future was dropped (cancelled).
-struct SetOnDrop(Arc<AtomicBool>);
-
-impl Drop for SetOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -235,7 +215,7 @@ async fn waiters_get_the_lock_in_arrival_order() {
     let etcd = EtcdServer::start();
     let key = "etcd:fifo";
     let holder_rt = runtime(etcd.cluster()).await;
-    let holder = holder_rt.lock(key).acquire().await.expect("A acquires");
+    let holder = holder_rt.lock(key).held("A acquires").await;
     let holder_fence = holder.fence().expect("fence");
     // (waiter, acquired at, released at, fence)
     type Record = (usize, Instant, Instant, Option<u64>);
@@ -350,7 +330,7 @@ async fn holder_key_is_its_fence_and_every_exit_revokes_its_lease() {
                     .await;
                     return;
                 }
-                let guard = rt.lock(key).acquire().await.expect("acquire");
+                let guard = rt.lock(key).held("acquire").await;
                 held_tx.send(guard.fence()).unwrap();
                 if let Exit::Abort = exit {
                     std::future::pending::<()>().await;
@@ -412,7 +392,7 @@ async fn waiters_that_give_up_leave_the_queue_and_revoke_their_leases() {
     let etcd = EtcdServer::start();
     let key = "etcd:give-up";
     let holder_rt = runtime(etcd.cluster()).await;
-    let holder = holder_rt.lock(key).acquire().await.expect("A acquires");
+    let holder = holder_rt.lock(key).held("A acquires").await;
     let holder_kv = only_holder(etcd.cluster(), key);
 
     // T: its wait runs out.
@@ -467,9 +447,8 @@ async fn waiters_that_give_up_leave_the_queue_and_revoke_their_leases() {
     let next = tokio::spawn(async move {
         c.lock(key)
             .wait(Duration::from_secs(30))
-            .acquire()
+            .held("C acquires")
             .await
-            .expect("C acquires")
     });
     let queued = wait_for_queue(etcd.cluster(), key, 4, Duration::from_secs(1)).await;
     let (b_kv, b2_kv, c_kv) = (queued[1].clone(), queued[2].clone(), queued[3].clone());
@@ -546,9 +525,8 @@ async fn killed_holder_process_frees_the_lock_after_about_its_lease() {
     let guard = rt
         .lock(key)
         .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("the dead holder's lock expires");
+        .held("the dead holder's lock expires")
+        .await;
     let took = killed.elapsed();
     println!("acquired {took:?} after kill -9 of a holder with lease 2 s");
     assert_between(
@@ -594,12 +572,7 @@ async fn lease_revoked_or_key_deleted_from_outside_resolves_lost() {
     let (rt, other) = (runtime(etcd.cluster()).await, runtime(etcd.cluster()).await);
     for fault in [Fault::LeaseRevoked, Fault::KeyDeleted] {
         let key = format!("etcd:lost:{fault:?}");
-        let guard = rt
-            .lock(&key)
-            .lease(LOSS_LEASE)
-            .acquire()
-            .await
-            .expect("acquire");
+        let guard = rt.lock(&key).lease(LOSS_LEASE).held("acquire").await;
         let held = only_holder(etcd.cluster(), &key);
         match fault {
             Fault::LeaseRevoked => {
@@ -634,7 +607,7 @@ async fn lease_revoked_or_key_deleted_from_outside_resolves_lost() {
             !lease_alive(etcd.cluster(), held.lease),
             "{fault:?}: no lease left after the release of the lost guard"
         );
-        assert_free_for(&other, &key, "after the loss").await;
+        dlock_tests::assert_free(&other, &key, "after the loss").await;
     }
 }
 
@@ -645,17 +618,12 @@ async fn release_after_the_key_was_deleted_from_outside_is_lost() {
     let etcd = EtcdServer::start();
     let key = "etcd:lost:deleted-then-released";
     let rt = runtime(etcd.cluster()).await;
-    let guard = rt
-        .lock(key)
-        .lease(LOSS_LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.lock(key).lease(LOSS_LEASE).held("acquire").await;
     let held = only_holder(etcd.cluster(), key);
     assert!(blocking(|| etcd.delete(&held.key)));
     // Another contender takes the free key at once: the first holder is no longer the owner.
     let other = runtime(etcd.cluster()).await;
-    let second = other.lock(key).acquire().await.expect("the key is free");
+    let second = other.lock(key).held("the key is free").await;
     assert!(!guard.is_lost(), "no renewal has run yet (lease 6 s)");
     let result = guard.release().await;
     println!("release after the key was deleted from outside: {result:?}");
@@ -722,9 +690,8 @@ async fn watchdog_renews_the_granted_lease_and_keeps_the_same_key() {
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(2))
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let held = only_holder(etcd.cluster(), key);
     assert_eq!(granted_ttl(etcd.cluster(), held.lease), Some(2));
     // Whole seconds, and the server's minimum: a 1 s lease (renewed every 333 ms).
@@ -732,9 +699,8 @@ async fn watchdog_renews_the_granted_lease_and_keeps_the_same_key() {
     let short = rt
         .lock(short_key)
         .lease(Duration::from_secs(1))
-        .acquire()
-        .await
-        .expect("acquire with a 1 s lease");
+        .held("acquire with a 1 s lease")
+        .await;
     let short_granted = granted_ttl(etcd.cluster(), only_holder(etcd.cluster(), short_key).lease);
     println!("lease 1 s: granted TTL {short_granted:?} s (etcd raises it to its minimum)");
     assert!(
@@ -797,12 +763,7 @@ async fn cluster_leader_killed_during_a_hold_never_lets_two_holders_run() {
     };
     let first_rt = build().await.expect("first runtime");
     let second_rt = build().await.expect("second runtime");
-    let guard = first_rt
-        .lock(key)
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = first_rt.lock(key).lease(lease).held("acquire").await;
     let first_fence = guard.fence().expect("fence");
     let held = only_holder(&cluster, key);
     // `Some(guard)` while the first runtime holds; `None` once its release has begun.
@@ -963,9 +924,8 @@ async fn cluster_with_one_follower_killed_keeps_serving_every_lock_operation() {
     // Some traffic first, so that connections to every member are live when one dies.
     for _ in 0..6 {
         rt.lock("etcd:warm-up")
-            .acquire()
+            .held("warm-up acquire")
             .await
-            .expect("warm-up acquire")
             .release()
             .await
             .expect("warm-up release");
@@ -973,9 +933,8 @@ async fn cluster_with_one_follower_killed_keeps_serving_every_lock_operation() {
     let held = rt
         .lock("etcd:held-across")
         .lease(Duration::from_secs(2))
-        .acquire()
-        .await
-        .expect("acquire the lock held across the kill");
+        .held("acquire the lock held across the kill")
+        .await;
     let leader = blocking(|| cluster.leader_index()).expect("a leader");
     let follower = (leader + 1) % cluster.len();
     blocking(|| cluster.kill9(follower));
@@ -1062,7 +1021,7 @@ async fn waiter_frozen_until_its_lease_expired_never_gets_the_lock_beside_the_ho
     let etcd = EtcdServer::start();
     let key = "etcd:frozen-waiter";
     let (a, b) = (runtime(etcd.cluster()).await, runtime(etcd.cluster()).await);
-    let guard_a = a.lock(key).acquire().await.expect("A acquires");
+    let guard_a = a.lock(key).held("A acquires").await;
     let url = etcd.url();
     let mut frozen = tokio::process::Command::new(env!("CARGO_BIN_EXE_dlock-holder"))
         .args(["--url", &url, "--key", key, "--mode", "hold"])
@@ -1103,9 +1062,8 @@ async fn waiter_frozen_until_its_lease_expired_never_gets_the_lock_beside_the_ho
     let waiter_b = tokio::spawn(async move {
         b.lock(key)
             .wait(Duration::from_secs(20))
-            .acquire()
+            .held("B acquires")
             .await
-            .expect("B acquires")
     });
     wait_for_queue(etcd.cluster(), key, 2, Duration::from_secs(2)).await;
     guard_a.release().await.expect("A releases");

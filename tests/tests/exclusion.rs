@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use dlock_tests::AcquireExt;
 use dlock_tests::{Backend, HolderProcess, RedisServer, Runtime, on_both_backends};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -34,9 +35,8 @@ async fn tasks_increment_counter_in_redis_exactly() {
                         .lock(key)
                         .lease(LEASE)
                         .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .expect("acquire");
+                        .held("acquire")
+                        .await;
                     let value: Option<u64> = redis::cmd("GET")
                         .arg(counter_key)
                         .query_async(&mut conn)
@@ -106,7 +106,7 @@ async fn processes_increment_counter_in_redis_exactly() {
 
 async fn wait_zero_is_one_attempt(b: Backend) {
     let key = "exclusion:wait-zero";
-    let _holder = b.rt.lock(key).lease(LEASE).acquire().await.expect("holder");
+    let _holder = b.rt.lock(key).lease(LEASE).held("holder").await;
     let scripts_before = match &b.server {
         Some(server) => server.script_calls().await,
         None => 0,

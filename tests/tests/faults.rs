@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
+use dlock_tests::AcquireExt;
 use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -53,9 +54,8 @@ async fn script_flush_while_running_keeps_locks_working() {
     let held = rt
         .lock(key)
         .lease(Duration::from_secs(1))
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let () = server.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(!held.is_lost(), "renewal after SCRIPT FLUSH failed");
@@ -73,9 +73,8 @@ async fn script_flush_while_running_keeps_locks_working() {
     let guard = rt
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("acquire after SCRIPT FLUSH");
+        .held("acquire after SCRIPT FLUSH")
+        .await;
     assert!(server.exists(&lock_key(key)).await);
     guard.release().await.expect("release");
 }
@@ -86,9 +85,8 @@ async fn redis_restarted_while_idle_next_acquire_works() {
     let rt = runtime_with_timeout(&server).await;
     let key = "faults:restart";
     rt.lock(key)
-        .acquire()
+        .held("before")
         .await
-        .expect("before")
         .release()
         .await
         .expect("release");
@@ -123,9 +121,8 @@ async fn redis_killed_gives_backend_error_within_bounded_time() {
     let rt = runtime_with_timeout(&server).await;
     let key = "faults:killed";
     rt.lock(key)
-        .acquire()
+        .held("before")
         .await
-        .expect("before")
         .release()
         .await
         .expect("release");
@@ -163,9 +160,8 @@ async fn redis_paused_gives_backend_error_within_bounded_time() {
     let rt = runtime_with_timeout(&server).await;
     let key = "faults:paused";
     rt.lock(key)
-        .acquire()
+        .held("before")
         .await
-        .expect("before")
         .release()
         .await
         .expect("release");
@@ -203,9 +199,8 @@ async fn backend_error_from_an_unanswered_request_keeps_a_source() {
         .expect("runtime");
     let key = "faults:timeout-source";
     rt.lock(key)
-        .acquire()
+        .held("before")
         .await
-        .expect("before")
         .release()
         .await
         .expect("release");

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use dlock_tests::AcquireExt;
 use dlock_tests::{RedisServer, Runtime, eventually, released_channel};
 
 /// Long enough that a TTL-bounded retry cannot explain any wake-up in these tests.
@@ -17,12 +18,7 @@ async fn waiter_does_not_poll_while_the_key_is_held() {
     let rt = Runtime::from_url(&server.url()).await.expect("runtime");
     let key = "notify:no-poll";
     let holder_rt = Runtime::from_url(&server.url()).await.expect("runtime");
-    let holder = holder_rt
-        .lock(key)
-        .lease(LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+    let holder = holder_rt.lock(key).lease(LEASE).held("holder").await;
     let waiter = {
         let rt = rt.clone();
         tokio::spawn(async move {
@@ -71,7 +67,7 @@ async fn local_waiters_on_one_key_share_one_subscription() {
     let server = RedisServer::start();
     let rt = Runtime::from_url(&server.url()).await.expect("runtime");
     let key = "notify:shared-subscription";
-    let holder = rt.lock(key).lease(LEASE).acquire().await.expect("holder");
+    let holder = rt.lock(key).lease(LEASE).held("holder").await;
     let waiters: Vec<_> = (0..10)
         .map(|_| {
             let rt = rt.clone();
@@ -80,9 +76,8 @@ async fn local_waiters_on_one_key_share_one_subscription() {
                     .lock(key)
                     .lease(LEASE)
                     .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await
-                    .expect("waiter acquires");
+                    .held("waiter acquires")
+                    .await;
                 guard.release().await.expect("release");
             })
         })
@@ -138,9 +133,8 @@ async fn hot_key_handoffs(server: &RedisServer, runtimes: &[Runtime]) {
     // Load the scripts before counting.
     runtimes[0]
         .lock(key)
-        .acquire()
+        .held("warm up")
         .await
-        .expect("warm up")
         .release()
         .await
         .expect("release");
@@ -155,9 +149,8 @@ async fn hot_key_handoffs(server: &RedisServer, runtimes: &[Runtime]) {
                         .lock(key)
                         .lease(LEASE)
                         .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .expect("acquire");
+                        .held("acquire")
+                        .await;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     guard.release().await.expect("release");
                 }

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
+use dlock_tests::{AcquireExt, SetOnDrop};
 use dlock_tests::{
     HolderProcess, RedisServer, Runtime, assert_between, eventually, lock_key, released_channel,
 };
@@ -156,15 +157,6 @@ async fn wait_for_renewal(server: &RedisServer, key: &str, within: Duration) -> 
     }
 }
 
-/// Sets a flag when dropped: tells whether a body future was dropped (cancelled).
-struct SetOnDrop(Arc<AtomicBool>);
-
-impl Drop for SetOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
     let mut nodes = Nodes::start(5);
@@ -173,9 +165,8 @@ async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
     // Connect every client to every node first, so the kill breaks live connections.
     for r in [&rt, &other] {
         r.lock("redlock:warm-up")
-            .acquire()
+            .held("warm-up acquire on 5 live nodes")
             .await
-            .expect("warm-up acquire on 5 live nodes")
             .release()
             .await
             .expect("warm-up release");
@@ -188,9 +179,8 @@ async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .expect("3 of 5 nodes are a majority: acquire must succeed");
+        .held("3 of 5 nodes are a majority: acquire must succeed")
+        .await;
     let took = start.elapsed();
     println!("acquire with 2 of 5 nodes killed took {took:?}");
     assert!(
@@ -212,20 +202,16 @@ async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
     let err = other
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("a second runtime must be excluded");
+        .refused("a second runtime must be excluded")
+        .await;
     assert!(err.is_timeout(), "expected Timeout, got {err:?}");
     let wait = Duration::from_millis(300);
     let start = Instant::now();
     let err = other
         .lock(key)
         .wait(wait)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("a second runtime must be excluded while waiting");
+        .refused("a second runtime must be excluded while waiting")
+        .await;
     assert!(err.is_timeout(), "expected Timeout, got {err:?}");
     assert_between(
         "excluded waiter with wait = 300 ms",
@@ -242,9 +228,8 @@ async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
     let next = other
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("the released key is free for the second runtime");
+        .held("the released key is free for the second runtime")
+        .await;
     next.release().await.expect("release");
 }
 
@@ -253,9 +238,8 @@ async fn five_nodes_with_three_killed_fail_with_quorum_not_reached() {
     let mut nodes = Nodes::start(5);
     let rt = nodes.runtime(Duration::from_millis(200)).await;
     rt.lock("redlock:warm-up")
-        .acquire()
+        .held("warm-up acquire on 5 live nodes")
         .await
-        .expect("warm-up acquire on 5 live nodes")
         .release()
         .await
         .expect("warm-up release");
@@ -269,10 +253,8 @@ async fn five_nodes_with_three_killed_fail_with_quorum_not_reached() {
         .lock(key)
         .lease(Duration::from_secs(30))
         .wait(Duration::from_secs(1))
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("2 of 5 nodes are no majority: acquire must fail");
+        .refused("2 of 5 nodes are no majority: acquire must fail")
+        .await;
     let took = start.elapsed();
     println!("no-quorum error after {took:?}: {err}");
     assert!(
@@ -300,10 +282,8 @@ async fn five_nodes_with_three_killed_fail_with_quorum_not_reached() {
     let err = rt
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("no majority");
+        .refused("no majority")
+        .await;
     assert!(err.is_backend(), "expected Backend, got {err:?}");
 }
 
@@ -315,9 +295,8 @@ async fn paused_node_does_not_stall_acquire_beyond_node_timeout() {
     let mut nodes = Nodes::start(3);
     let warm = nodes.runtime(NODE_TIMEOUT).await;
     warm.lock("redlock:warm-up")
-        .acquire()
+        .held("warm-up acquire")
         .await
-        .expect("warm-up acquire")
         .release()
         .await
         .expect("warm-up release");
@@ -385,9 +364,8 @@ async fn paused_node_does_not_stall_acquire_beyond_node_timeout() {
     // And it votes again.
     let guard = warm
         .lock("redlock:paused-node:after")
-        .acquire()
-        .await
-        .expect("acquire after resume");
+        .held("acquire after resume")
+        .await;
     eventually(
         Duration::from_secs(3),
         "the resumed node holds the new lock",
@@ -410,17 +388,10 @@ async fn node_restarted_empty_does_not_admit_a_second_holder() {
     let guard = a
         .lock(key)
         .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .expect("A acquires");
+        .held("A acquires")
+        .await;
     // B is connected to every node before the restart (its connection to node 1 breaks).
-    let err = b
-        .lock(key)
-        .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("A holds");
+    let err = b.lock(key).wait(Duration::ZERO).refused("A holds").await;
     assert!(err.is_timeout(), "expected Timeout, got {err:?}");
 
     nodes.servers[1].restart();
@@ -432,10 +403,8 @@ async fn node_restarted_empty_does_not_admit_a_second_holder() {
     let err = b
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("A still holds a majority (nodes 0 and 2): B must be refused");
+        .refused("A still holds a majority (nodes 0 and 2): B must be refused")
+        .await;
     assert!(
         err.is_timeout(),
         "wait 0 after the restart: expected Timeout, got {err:?}"
@@ -446,10 +415,8 @@ async fn node_restarted_empty_does_not_admit_a_second_holder() {
     let err = b
         .lock(key)
         .wait(wait)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("A still holds a majority: B must be refused while waiting");
+        .refused("A still holds a majority: B must be refused while waiting")
+        .await;
     let took = start.elapsed();
     let scripts = nodes.servers[0].script_calls().await - scripts_before;
     println!(
@@ -487,9 +454,8 @@ async fn node_restarted_empty_does_not_admit_a_second_holder() {
     let next = b
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("B acquires once A released");
+        .held("B acquires once A released")
+        .await;
     next.release().await.expect("B releases");
 }
 
@@ -508,9 +474,8 @@ async fn waiter_against_a_majority_holder_waits_instead_of_polling() {
     let guard = a
         .lock(key)
         .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .expect("A acquires");
+        .held("A acquires")
+        .await;
     let mut scripts = Vec::new();
     for missing_on_one_node in [false, true] {
         if missing_on_one_node {
@@ -518,13 +483,7 @@ async fn waiter_against_a_majority_holder_waits_instead_of_polling() {
             assert!(nodes.servers[1].del(&lock_key(key)).await);
         }
         let before = nodes.servers[0].script_calls().await;
-        let err = b
-            .lock(key)
-            .wait(wait)
-            .acquire()
-            .await
-            .map(|_g| ())
-            .expect_err("A holds a majority");
+        let err = b.lock(key).wait(wait).refused("A holds a majority").await;
         assert!(err.is_timeout(), "expected Timeout, got {err:?}");
         scripts.push(nodes.servers[0].script_calls().await - before);
     }
@@ -591,9 +550,8 @@ async fn killed_holder_process_frees_key_on_every_node_after_about_one_lease() {
         .lock(key)
         .lease(Duration::from_secs(30))
         .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("the dead holder's lock expires");
+        .held("the dead holder's lock expires")
+        .await;
     let took = killed.elapsed();
     println!("acquired {took:?} after kill -9 of a holder with lease 1 s");
     assert_between(
@@ -621,7 +579,7 @@ async fn renewal_losing_majority_resolves_lost() {
     let mut nodes = Nodes::start(3);
     let rt = nodes.runtime(Duration::from_millis(100)).await;
     let key = "redlock:lost-majority";
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
     // Kill right after a renewal, so the confirmed validity is about one full lease.
     let renewed = wait_for_renewal(&nodes.servers[0], key, Duration::from_secs(3)).await;
     nodes.kill9(1);
@@ -722,7 +680,7 @@ async fn renewal_keeps_one_second_lease_alive_for_four_seconds() {
     let rt = nodes.runtime(Duration::from_millis(250)).await;
     let other = nodes.runtime(Duration::from_millis(250)).await;
     let key = "redlock:renewed";
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
     let start = Instant::now();
     let mut killed_one = false;
     let mut checks = 0;
@@ -743,10 +701,8 @@ async fn renewal_keeps_one_second_lease_alive_for_four_seconds() {
         let err = other
             .lock(key)
             .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .map(|_g| ())
-            .expect_err("another runtime must be refused while the watchdog renews");
+            .refused("another runtime must be refused while the watchdog renews")
+            .await;
         assert!(
             err.is_timeout(),
             "after {:?}: expected Timeout, got {err:?}",
@@ -777,9 +733,8 @@ async fn valid_for_is_within_the_lease_minus_the_drift() {
     let guard = rt
         .lock("redlock:valid-for")
         .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let valid = guard.valid_for();
     println!("valid_for right after acquiring with lease {lease:?}: {valid:?}");
     assert!(valid > Duration::ZERO, "valid_for must be positive");
@@ -809,10 +764,8 @@ async fn one_millisecond_lease_is_invalid_config() {
         let err = rt
             .lock(key)
             .lease(lease)
-            .acquire()
-            .await
-            .map(|_g| ())
-            .expect_err("a lease shorter than Redlock's allowances must be refused");
+            .refused("a lease shorter than Redlock's allowances must be refused")
+            .await;
         assert!(
             matches!(err, LockError::InvalidConfig(_)),
             "lease {lease:?}: expected InvalidConfig, got {err:?}"
@@ -851,7 +804,7 @@ async fn thirty_day_lease_acquires_and_releases() {
     let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:huge-lease";
     let lease = Duration::from_secs(30 * 24 * 3600);
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
     let lease_ms = i64::try_from(lease.as_millis()).expect("fits");
     for (i, server) in nodes.live() {
         let pttl = server.pttl(&lock_key(key)).await;
@@ -874,10 +827,8 @@ async fn thirty_day_lease_acquires_and_releases() {
     let err = rt
         .lock(key)
         .lease(Duration::from_secs(2 * 365 * 24 * 3600))
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("two years is over the maximum lease");
+        .refused("two years is over the maximum lease")
+        .await;
     assert!(
         err.is_invalid_config(),
         "expected InvalidConfig, got {err:?}"
@@ -897,20 +848,13 @@ async fn url_with_node_timeout_works_against_real_servers() {
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("acquire through the URL runtime");
+        .held("acquire through the URL runtime")
+        .await;
     assert!(guard.fence().is_none());
     nodes
         .assert_on_every_live_node(key, true, "held through the URL runtime")
         .await;
-    let err = other
-        .lock(key)
-        .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("held");
+    let err = other.lock(key).wait(Duration::ZERO).refused("held").await;
     assert!(err.is_timeout(), "expected Timeout, got {err:?}");
     guard.release().await.expect("release");
     nodes
@@ -935,10 +879,8 @@ async fn url_with_node_timeout_works_against_real_servers() {
         .expect("runtime")
         .lock("redlock:from-url:short")
         .lease(short)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("60 ms is below the default node timeout's allowance");
+        .refused("60 ms is below the default node timeout's allowance")
+        .await;
     assert!(
         with_default.is_invalid_config(),
         "expected InvalidConfig, got {with_default:?}"
@@ -953,7 +895,7 @@ async fn waiter_subscribes_on_every_node() {
     let a = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:notified";
-    let guard = a.lock(key).acquire().await.expect("A acquires");
+    let guard = a.lock(key).held("A acquires").await;
     let waiter = tokio::spawn(async move {
         b.lock(key)
             .wait(Duration::from_secs(10))

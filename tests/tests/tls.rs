@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use dlock_tests::AcquireExt;
 use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
 
 /// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
@@ -29,7 +30,7 @@ async fn tls_acquire_excludes_a_second_runtime_until_release() {
     let b = tls_runtime(&server).await;
     let key = "tls:exclusion";
 
-    let guard = a.lock(key).lease(LEASE).acquire().await.expect("acquire");
+    let guard = a.lock(key).lease(LEASE).held("acquire").await;
     assert!(guard.fence().is_some(), "a Redis lock has a fence");
     // The raw client goes over TLS too: the hash is really there, with our fence.
     assert!(server.exists(&lock_key(key)).await, "lock hash missing");
@@ -43,10 +44,8 @@ async fn tls_acquire_excludes_a_second_runtime_until_release() {
         .lock(key)
         .lease(LEASE)
         .wait(Duration::from_millis(300))
-        .acquire()
-        .await
-        .map(|_guard| ())
-        .expect_err("a second runtime must not get a held key");
+        .refused("a second runtime must not get a held key")
+        .await;
     assert!(err.is_timeout(), "expected Timeout, got {err:?}");
     assert_eq!(err.key(), Some(key));
     assert_between(
@@ -63,9 +62,8 @@ async fn tls_acquire_excludes_a_second_runtime_until_release() {
         .lock(key)
         .lease(LEASE)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("the key is free after the release");
+        .held("the key is free after the release")
+        .await;
     assert!(second.fence() > first_fence, "fences increase over TLS too");
     second.release().await.expect("release");
 }
@@ -77,12 +75,7 @@ async fn tls_release_wakes_waiter_in_other_runtime_within_500_ms() {
     let waiter_rt = tls_runtime(&server).await;
     let key = "tls:notify";
     for round in 0..3 {
-        let holder = holder_rt
-            .lock(key)
-            .lease(LEASE)
-            .acquire()
-            .await
-            .expect("holder");
+        let holder = holder_rt.lock(key).lease(LEASE).held("holder").await;
         let rt = waiter_rt.clone();
         let waiter = tokio::spawn(async move {
             let guard = rt
@@ -126,9 +119,8 @@ async fn tls_watchdog_keeps_one_second_lease_for_three_seconds() {
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(1))
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(3) {
         let pttl = server.pttl(&lock_key(key)).await;
@@ -140,10 +132,8 @@ async fn tls_watchdog_keeps_one_second_lease_for_three_seconds() {
         let err = other
             .lock(key)
             .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("another runtime must fail while the watchdog renews");
+            .refused("another runtime must fail while the watchdog renews")
+            .await;
         assert!(err.is_timeout(), "expected Timeout, got {err:?}");
         assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -194,9 +184,8 @@ async fn tls_plaintext_url_to_tls_port_fails_with_backend_error_promptly() {
     // The server is unharmed and still serves TLS clients.
     let rt = tls_runtime(&server).await;
     rt.lock("tls:plain")
-        .acquire()
+        .held("a TLS client after the plaintext one")
         .await
-        .expect("a TLS client after the plaintext one")
         .release()
         .await
         .expect("release");

@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use dlock_tests::AcquireExt;
 use dlock_tests::{HolderProcess, RedisServer, Runtime, assert_between, lock_key};
 
 /// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it
@@ -20,9 +21,8 @@ async fn renewed_lock_hash_ttl_stays_within_the_lease() {
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(1))
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(5) {
         let pttl = server.pttl(&lock_key(key)).await;
@@ -74,9 +74,8 @@ async fn killed_holder_process_frees_key_after_about_one_lease() {
     let guard = rt
         .lock(key)
         .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("the dead holder's lock expires");
+        .held("the dead holder's lock expires")
+        .await;
     assert_between(
         "acquire after kill -9 of a holder with lease 1 s",
         killed.elapsed(),
@@ -99,9 +98,8 @@ async fn owner_overwritten_is_lost_and_the_new_owner_survives_release() {
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(6))
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     // Someone else now owns the key: the hash's `owner` field (see backend/lua/acquire.lua)
     // names another token, with a long TTL of its own.
     let mut conn = server.conn().await;
@@ -157,7 +155,7 @@ async fn redis_paused_past_lease_is_lost_within_lease_plus_timeout() {
         .await
         .expect("runtime");
     let key = "watchdog:paused";
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
     server.pause();
     let paused = Instant::now();
     let lost = tokio::time::timeout(Duration::from_secs(15), guard.lost()).await;
@@ -187,9 +185,8 @@ async fn transient_outage_shorter_than_lease_is_not_a_loss() {
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(3))
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let acquired = Instant::now();
     // The renewal due at ~1 s runs into the pause and times out.
     server.pause();
@@ -206,10 +203,8 @@ async fn transient_outage_shorter_than_lease_is_not_a_loss() {
         let err = other
             .lock(key)
             .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("still held");
+            .refused("still held")
+            .await;
         assert!(err.is_timeout(), "expected Timeout, got {err:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -244,9 +239,8 @@ async fn paused_holder_process_loses_the_lock_and_learns_it_on_resume() {
     let guard = rt
         .lock(key)
         .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("a frozen holder's lease runs out");
+        .held("a frozen holder's lease runs out")
+        .await;
     assert_between(
         "acquire after SIGSTOP of a holder with lease 1 s",
         paused.elapsed(),

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
+use dlock_tests::{AcquireExt, assert_busy};
 use dlock_tests::{HolderProcess, RedisServer, Runtime, assert_between, eventually};
 
 /// Bound on anything that should happen "at once" (a hand-off, a background release).
@@ -90,17 +91,6 @@ async fn queue_len(zk: &ZooKeeperServer, key: &str, len: usize, within: Duration
     }
 }
 
-/// Asserts that `other` cannot take `key` right now (one attempt: `Timeout`).
-async fn assert_busy(other: &Runtime, key: &str, when: &str) {
-    let err = other
-        .lock(key)
-        .acquire()
-        .await
-        .map(|_guard| ())
-        .expect_err(&format!("{when}: {key:?} must be busy"));
-    assert!(err.is_timeout(), "{when}: expected Timeout, got {err:?}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_across_three_processes_exact_counter() {
     let zk = ZooKeeperServer::start();
@@ -150,7 +140,7 @@ async fn waiters_acquire_in_arrival_order() {
     let zk = ZooKeeperServer::start();
     let holder_rt = runtime(&zk).await;
     let key = "zk:fifo";
-    let holder = holder_rt.lock(key).acquire().await.expect("holder");
+    let holder = holder_rt.lock(key).held("holder").await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 0..3usize {
@@ -160,9 +150,8 @@ async fn waiters_acquire_in_arrival_order() {
             let guard = rt
                 .lock(key)
                 .wait(Duration::from_secs(20))
-                .acquire()
-                .await
-                .expect("waiter acquires");
+                .held("waiter acquires")
+                .await;
             order.lock().unwrap().push(i);
             tokio::time::sleep(Duration::from_millis(20)).await;
             guard.release().await.expect("waiter release");
@@ -209,9 +198,8 @@ async fn killed_holder_process_frees_the_key_after_the_session_timeout() {
     let guard = rt
         .lock(key)
         .wait(Duration::from_secs(20))
-        .acquire()
-        .await
-        .expect("the lock is freed once the dead holder's session expires");
+        .held("the lock is freed once the dead holder's session expires")
+        .await;
     let freed_after = killed.elapsed();
     println!("kill -9 (session timeout 2 s): acquired after {freed_after:?}");
     assert_between(
@@ -252,9 +240,8 @@ async fn stopped_holder_process_loses_its_session_and_another_acquires() {
         let guard = rt2
             .lock(key)
             .wait(Duration::from_secs(20))
-            .acquire()
-            .await
-            .expect("acquire once the stopped holder's session expired");
+            .held("acquire once the stopped holder's session expired")
+            .await;
         (Instant::now(), guard)
     });
     queue_len(&zk, key, 2, Duration::from_secs(5)).await;
@@ -303,9 +290,8 @@ async fn paused_server_expires_the_session_lost_fires_and_a_new_session_acquires
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(2))
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let mut problems = Vec::new();
     zk.pause();
     let paused = Instant::now();
@@ -413,9 +399,8 @@ async fn watchdog_keeps_the_same_node_through_renewals() {
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(2))
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let node = queue_len(&zk, key, 1, PROMPTLY).await;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(6) {
@@ -438,7 +423,7 @@ async fn lease_longer_than_the_session_timeout_is_kept_while_healthy() {
     let rt = zk_runtime(&zk, Duration::from_secs(2)).await;
     let other = runtime(&zk).await;
     let key = "zk:long-lease";
-    let guard = rt.lock(key).acquire().await.expect("acquire");
+    let guard = rt.lock(key).held("acquire").await;
     let start = Instant::now();
     let lost = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
     assert!(
@@ -529,14 +514,13 @@ async fn released_key_leaves_no_node_and_can_be_taken_again() {
     let before = node_count();
     for i in 0..10 {
         let key = format!("zk:cleanup:{i}");
-        let guard = rt1.lock(key.as_str()).acquire().await.expect("acquire");
+        let guard = rt1.lock(key.as_str()).held("acquire").await;
         guard.release().await.expect("release");
         assert!(queue_of(&zk, &key).is_empty());
         assert!(!rt2.is_locked(&key).await.expect("is_locked"));
         rt2.lock(key.as_str())
-            .acquire()
+            .held("re-acquire")
             .await
-            .expect("re-acquire")
             .release()
             .await
             .expect("release");

@@ -20,6 +20,7 @@ use crate::support::{
     LONG_LEASE, RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free,
     assert_nothing_left,
 };
+use dlock_tests::AcquireExt;
 
 /// A business error, to leave a critical section with `?`.
 #[derive(Debug)]
@@ -82,23 +83,13 @@ pub(crate) async fn release_on_return_err_and_explicit_release(engine: Engine) {
     assert_free(&other, key, "right after `?` returned Err").await;
 
     let key = "conformance:exit:explicit";
-    let guard = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.lock(key).lease(LONG_LEASE).held("acquire").await;
     assert_busy(&other, key, "while the guard lives").await;
     guard.release().await.expect("release");
     assert_free(&other, key, "right after release()").await;
 
     let key = "conformance:exit:drop";
-    let guard = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.lock(key).lease(LONG_LEASE).held("acquire").await;
     assert_busy(&other, key, "while the guard lives").await;
     drop(guard);
     let took = acquire_within(&other, key, RELEASE_WITHIN, "after the guard dropped").await;
@@ -188,12 +179,7 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(engine: Engine) {
     let bound = fixture.params().wake_within;
     let rts = fixture.runtimes(4).await;
     let key = "conformance:exit:cancelled-waiter";
-    let holder = rts[0]
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+    let holder = rts[0].lock(key).lease(LONG_LEASE).held("holder").await;
     let waiter = |rt: &Runtime| {
         rt.lock(key)
             .lease(LONG_LEASE)
@@ -379,9 +365,8 @@ pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engin
             .lock(key)
             .lease(LONG_LEASE)
             .wait(Duration::from_secs(5))
-            .acquire()
-            .await
-            .expect("acquire");
+            .held("acquire")
+            .await;
         let _ = poll_then_drop(guard.release(), polls).await;
         acquire_within(&other, key, RELEASE_WITHIN, "after release() was dropped").await;
     }

@@ -11,6 +11,7 @@ use dlock_tests::assert_between;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free};
+use dlock_tests::AcquireExt;
 
 /// The lease of the loss tests: renewed every 2 s, so a loss seen within [`LOSS_SEEN_WITHIN`]
 /// was seen by a renewal, not by the lease running out.
@@ -27,12 +28,7 @@ pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
     let params = fixture.params();
     let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
     let key = "conformance:lease:renewed";
-    let guard = rt
-        .lock(key)
-        .lease(params.short_lease)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.lock(key).lease(params.short_lease).held("acquire").await;
     let start = Instant::now();
     let mut checks = 0;
     while start.elapsed() < params.hold_for {
@@ -82,9 +78,8 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
         .lock(key)
         .lease(lease)
         .watchdog(false)
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let guard_fence = guard.fence();
     let waiter = {
         let other = other.clone();
@@ -193,12 +188,7 @@ pub(crate) async fn deleted_key_is_lost(engine: Engine) {
     let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
 
     let key = "conformance:lease:deleted";
-    let guard = rt
-        .lock(key)
-        .lease(LOSS_LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.lock(key).lease(LOSS_LEASE).held("acquire").await;
     fixture.delete_lock(key).await;
     let deleted = Instant::now();
     tokio::time::timeout(LOSS_SEEN_WITHIN, guard.lost())

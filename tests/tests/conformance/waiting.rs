@@ -9,6 +9,7 @@ use dlock_tests::assert_between;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_free, assert_nothing_left};
+use dlock_tests::AcquireExt;
 
 /// A held key: one attempt (`wait` zero) fails at once, a waiter with `wait` = 300 ms gets
 /// `Timeout` naming the key after 300 ms to 1.5 s, and so does each of ten waiters queued on
@@ -21,22 +22,15 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
         fixture.runtime().await,
     );
     let key = "conformance:wait:timeout";
-    let holder = holder_rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+    let holder = holder_rt.lock(key).lease(LONG_LEASE).held("holder").await;
 
     let start = Instant::now();
     let err = rt
         .lock(key)
         .lease(LONG_LEASE)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(drop)
-        .expect_err("the key is held");
+        .refused("the key is held")
+        .await;
     assert!(
         err.is_timeout(),
         "{engine:?}: expected Timeout, got {err:?}"
@@ -54,10 +48,8 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
         .lock(key)
         .lease(LONG_LEASE)
         .wait(wait)
-        .acquire()
-        .await
-        .map(drop)
-        .expect_err("the key is held");
+        .refused("the key is held")
+        .await;
     let took = start.elapsed();
     match &err {
         LockError::Timeout { key: k, waited, .. } => {
@@ -125,12 +117,7 @@ pub(crate) async fn release_wakes_a_waiter_long_before_the_lease(engine: Engine)
     let (holder_rt, rt) = (fixture.runtime().await, fixture.runtime().await);
     let key = "conformance:wait:wake";
     for round in 0..5 {
-        let holder = holder_rt
-            .lock(key)
-            .lease(LONG_LEASE)
-            .acquire()
-            .await
-            .expect("holder");
+        let holder = holder_rt.lock(key).lease(LONG_LEASE).held("holder").await;
         let waiter = {
             let rt = rt.clone();
             tokio::spawn(async move {

@@ -1,0 +1,101 @@
+//! Acquisition shorthands: one line per expected outcome, the failure naming what was expected.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use dlock_runtime::{LockBuilder, LockError, LockGuard, Runtime};
+use tokio::task::JoinHandle;
+
+/// The outcomes a test expects of [`LockBuilder::acquire`].
+pub trait AcquireExt {
+    /// Acquires; panics with `what` and the error if that fails.
+    fn held(self, what: &str) -> impl Future<Output = LockGuard> + Send;
+    /// Expects the acquisition to fail and returns the error; panics with `what` if it succeeded
+    /// (the guard is dropped).
+    fn refused(self, what: &str) -> impl Future<Output = LockError> + Send;
+    /// Expects `LockError::Timeout`; panics with `what` on success or any other error.
+    fn times_out(self, what: &str) -> impl Future<Output = LockError> + Send;
+    /// Acquires in a spawned task (another owner); the task returns the outcome and when it
+    /// came.
+    fn spawn(self) -> JoinHandle<(Result<LockGuard, LockError>, Instant)>;
+}
+
+impl AcquireExt for LockBuilder {
+    fn held(self, what: &str) -> impl Future<Output = LockGuard> + Send {
+        let what = what.to_owned();
+        async move {
+            self.acquire()
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+        }
+    }
+
+    fn refused(self, what: &str) -> impl Future<Output = LockError> + Send {
+        let what = what.to_owned();
+        async move {
+            match self.acquire().await {
+                Ok(_guard) => panic!("{what}: acquired, expected an error"),
+                Err(e) => e,
+            }
+        }
+    }
+
+    fn times_out(self, what: &str) -> impl Future<Output = LockError> + Send {
+        let what = what.to_owned();
+        async move {
+            let err = self.refused(&what).await;
+            assert!(err.is_timeout(), "{what}: expected Timeout, got {err:?}");
+            err
+        }
+    }
+
+    fn spawn(self) -> JoinHandle<(Result<LockGuard, LockError>, Instant)> {
+        tokio::spawn(async move {
+            let out = self.acquire().await;
+            (out, Instant::now())
+        })
+    }
+}
+
+/// A lease no test waits out: a key that frees up within a test's bounds was released.
+pub const LONG_LEASE: Duration = Duration::from_secs(30);
+
+/// Asserts `rt` (another owner: a spawned task, outside any call chain) can take `key` in one
+/// attempt, then releases it.
+pub async fn assert_free(rt: &Runtime, key: &str, when: &str) {
+    let lock = rt.lock(key).lease(LONG_LEASE).wait(Duration::ZERO);
+    let out = tokio::spawn(async move { lock.acquire().await?.release().await })
+        .await
+        .expect("task");
+    if let Err(e) = out {
+        panic!("{when}: {key:?} should be free for another owner, got {e:?}");
+    }
+}
+
+/// Asserts `rt` (another owner: a spawned task, outside any call chain) finds `key` busy.
+pub async fn assert_busy(rt: &Runtime, key: &str, when: &str) {
+    let lock = rt.lock(key).lease(LONG_LEASE).wait(Duration::ZERO);
+    let (out, _) = lock.spawn().await.expect("task");
+    match out {
+        Err(e) if e.is_timeout() => {}
+        other => panic!("{when}: {key:?} must be busy for another owner, got {other:?}"),
+    }
+}
+
+/// Another owner on `rt` waits at most `within` for `key`, then releases it; returns how long
+/// the acquisition took. Panics if it timed out.
+pub async fn acquire_within(rt: &Runtime, key: &str, within: Duration, when: &str) -> Duration {
+    let start = Instant::now();
+    let (out, at) = rt
+        .lock(key)
+        .lease(LONG_LEASE)
+        .wait(within)
+        .spawn()
+        .await
+        .expect("task");
+    let guard = out.unwrap_or_else(|e| {
+        panic!("{when}: another owner did not get {key:?} within {within:?}: {e:?}")
+    });
+    guard.release().await.expect("release");
+    at.duration_since(start)
+}
