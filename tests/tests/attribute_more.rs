@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockError, current_fence, distributed_lock, lock, with_lock};
 use dlock_tests::AcquireExt;
 use dlock_tests::{
-    Backend, Engine, HolderProcess, RedisServer, Runtime, assert_between, lock_key,
+    Backend, Engine, RedisServer, Runtime, assert_between, count_in_processes, lock_key,
     on_both_backends,
 };
 use redis::aio::MultiplexedConnection;
@@ -155,45 +155,24 @@ async fn attribute_excludes_four_processes_in_a_non_atomic_redis_increment() {
     const PROCESSES: u64 = 4;
     const ITERATIONS: u64 = 50;
     let server = RedisServer::start();
-    let url = server.url();
-    let iterations = ITERATIONS.to_string();
+    let key = "attr:processes";
     // Each process runs the increment inside an annotated fn on its installed runtime.
-    let mut holders: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--key",
-                    "attr:processes",
-                    "--mode",
-                    "attr-counter",
-                    "--iterations",
-                    &iterations,
-                    "--counter",
-                    "counter:attr-processes",
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        let status = holder.wait(Duration::from_secs(120)).await;
-        assert!(status.success(), "dlock-holder failed: {status}");
-        assert_eq!(
-            holder.next_line(Duration::from_secs(1)).await,
-            format!("done {ITERATIONS}")
-        );
-    }
-    let total: u64 = server
-        .query(redis::cmd("GET").arg("counter:attr-processes"))
-        .await;
+    let total = count_in_processes(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        "attr-counter",
+        &server.url(),
+        &server,
+        key,
+        PROCESSES,
+        ITERATIONS,
+    )
+    .await;
     assert_eq!(
         total,
         PROCESSES * ITERATIONS,
         "lost updates across processes"
     );
-    assert!(!server.exists(&lock_key("attr:processes")).await);
+    assert!(!server.exists(&lock_key(key)).await);
 }
 
 // ---- cancellation of the caller -------------------------------------------------------------

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use dlock_tests::AcquireExt;
 use dlock_tests::cluster::{MASTERS, RedisCluster};
 use dlock_tests::{
-    HolderProcess, LockGuard, RedisServer, Runtime, assert_between, eventually, fence_key,
-    lock_key, released_channel,
+    LockGuard, RedisServer, Runtime, assert_between, count_in_processes, eventually, fence_key,
+    hold_in_process, lock_key, released_channel,
 };
 
 /// Long enough that a TTL-bounded retry cannot explain a wake-up, and that no lease runs out
@@ -197,24 +197,15 @@ async fn counter_stays_exact_with_three_runtimes_contending_on_every_shard() {
 async fn holder_process_on_a_cluster_url_excludes_until_killed() {
     let cluster = RedisCluster::start();
     let (key, _) = cluster.one_key_per_master("process").await.remove(1);
-    let mut holder = HolderProcess::spawn(
+    let (mut holder, holder_fence) = hold_in_process(
         env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &cluster.url(),
-            "--key",
-            &key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "1000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    let holder_fence: u64 = line
-        .strip_prefix("acquired ")
-        .and_then(|f| f.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected holder output {line:?}"));
+        &cluster.url(),
+        &key,
+        1000,
+        &[],
+    )
+    .await;
+    let holder_fence = holder_fence.expect("a fence");
     let rt = runtime(&cluster).await;
     // Past two leases of 1 s: the other process's watchdog keeps the key, we are excluded.
     let start = Instant::now();
@@ -842,38 +833,16 @@ async fn frozen_master_does_not_block_first_locks_on_the_other_shards() {
 async fn processes_on_the_cluster_increment_a_counter_exactly() {
     const PROCESSES: u64 = 3;
     const ITERATIONS: u64 = 30;
-    let cluster = RedisCluster::start();
-    let store = RedisServer::start();
-    let url = cluster.url();
-    let store_url = store.url();
-    let iterations = ITERATIONS.to_string();
-    let mut holders: Vec<HolderProcess> = (0..PROCESSES)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--counter-url",
-                    &store_url,
-                    "--key",
-                    "cluster:processes",
-                    "--mode",
-                    "counter",
-                    "--iterations",
-                    &iterations,
-                    "--counter",
-                    "counter:cluster-processes",
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        let status = holder.wait(Duration::from_secs(120)).await;
-        assert!(status.success(), "dlock-holder failed: {status}");
-    }
-    let total: u64 = store
-        .query(redis::cmd("GET").arg("counter:cluster-processes"))
-        .await;
+    let (cluster, store) = (RedisCluster::start(), RedisServer::start());
+    let total = count_in_processes(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        "counter",
+        &cluster.url(),
+        &store,
+        "cluster:processes",
+        PROCESSES,
+        ITERATIONS,
+    )
+    .await;
     assert_eq!(total, PROCESSES * ITERATIONS);
 }

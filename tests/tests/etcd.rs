@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
-use dlock_tests::{AcquireExt, SetOnDrop};
-use dlock_tests::{HolderProcess, LockGuard, RedisServer, Runtime, assert_between};
+use dlock_tests::{AcquireExt, SetOnDrop, count_in_processes, hold_in_process};
+use dlock_tests::{LockGuard, RedisServer, Runtime, assert_between};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 /// The runtime's default key prefix.
@@ -163,45 +163,22 @@ fn summary(errors: &[String]) -> String {
 async fn processes_increment_a_counter_exactly() {
     const PROCESSES: u64 = 3;
     const ITERATIONS: u64 = 20;
-    let etcd = EtcdServer::start();
-    let store = RedisServer::start();
-    let (url, store_url) = (etcd.url(), store.url());
-    let iterations = ITERATIONS.to_string();
+    let (etcd, store) = (EtcdServer::start(), RedisServer::start());
     let start = Instant::now();
-    let mut holders: Vec<HolderProcess> = (0..PROCESSES)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--counter-url",
-                    &store_url,
-                    "--key",
-                    "etcd:processes",
-                    "--mode",
-                    "counter",
-                    "--iterations",
-                    &iterations,
-                    "--counter",
-                    "counter:etcd-processes",
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        let line = holder.next_line(Duration::from_secs(60)).await;
-        assert_eq!(line, format!("done {ITERATIONS}"));
-        let status = holder.wait(Duration::from_secs(10)).await;
-        assert!(status.success(), "dlock-holder failed: {status}");
-    }
+    let total = count_in_processes(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        "counter",
+        &etcd.url(),
+        &store,
+        "etcd:processes",
+        PROCESSES,
+        ITERATIONS,
+    )
+    .await;
     println!(
         "{PROCESSES} processes x {ITERATIONS} increments in {:?}",
         start.elapsed()
     );
-    let total: u64 = store
-        .query(redis::cmd("GET").arg("counter:etcd-processes"))
-        .await;
     assert_eq!(total, PROCESSES * ITERATIONS);
     assert!(queue(etcd.cluster(), "etcd:processes").is_empty());
 }
@@ -486,24 +463,9 @@ async fn killed_holder_process_frees_the_lock_after_about_its_lease() {
     let etcd = EtcdServer::start();
     let key = "etcd:killed-holder";
     let url = etcd.url();
-    let mut holder = HolderProcess::spawn(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &url,
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "2000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    let fence: i64 = line
-        .strip_prefix("acquired ")
-        .and_then(|f| f.parse().ok())
-        .unwrap_or_else(|| panic!("expected `acquired <fence>`, got {line:?}"));
+    let (mut holder, holder_fence) =
+        hold_in_process(env!("CARGO_BIN_EXE_dlock-holder"), &url, key, 2000, &[]).await;
+    let fence = holder_fence.expect("a fence") as i64;
     let held = only_holder(etcd.cluster(), key);
     assert_eq!(fence, held.create_revision, "the printed fence");
     let left = blocking(|| etcd.lease_ttl(held.lease)).expect("the holder's lease is alive");

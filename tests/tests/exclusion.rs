@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::AcquireExt;
-use dlock_tests::{Backend, HolderProcess, RedisServer, Runtime, on_both_backends};
+use dlock_tests::{Backend, RedisServer, Runtime, count_in_processes, on_both_backends};
 
 const LEASE: Duration = Duration::from_secs(30);
 const TASKS: u64 = 50;
@@ -69,38 +69,16 @@ async fn processes_increment_counter_in_redis_exactly() {
     const PROCESSES: u64 = 4;
     const ITERATIONS: u64 = 50;
     let server = RedisServer::start();
-    let url = server.url();
-    let iterations = ITERATIONS.to_string();
-    let mut holders: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--key",
-                    "exclusion:processes",
-                    "--mode",
-                    "counter",
-                    "--iterations",
-                    &iterations,
-                    "--counter",
-                    "counter:processes",
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        let status = holder.wait(Duration::from_secs(120)).await;
-        assert!(status.success(), "dlock-holder failed: {status}");
-        assert_eq!(
-            holder.next_line(Duration::from_secs(1)).await,
-            format!("done {ITERATIONS}")
-        );
-    }
-    let total: u64 = server
-        .query(redis::cmd("GET").arg("counter:processes"))
-        .await;
+    let total = count_in_processes(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        "counter",
+        &server.url(),
+        &server,
+        "exclusion:processes",
+        PROCESSES,
+        ITERATIONS,
+    )
+    .await;
     assert_eq!(total, PROCESSES * ITERATIONS);
 }
 

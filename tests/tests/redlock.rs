@@ -14,10 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{AcquireExt, SetOnDrop};
-use dlock_tests::{
-    HolderProcess, RedisServer, Runtime, assert_between, eventually, lock_key, released_channel,
-};
+use dlock_tests::{AcquireExt, SetOnDrop, count_in_processes, hold_in_process};
+use dlock_tests::{RedisServer, Runtime, assert_between, eventually, lock_key, released_channel};
 
 /// Per-node timeout of the tests that are not about timing: a loaded box must not turn a
 /// slow live node into a missing vote.
@@ -509,24 +507,9 @@ async fn killed_holder_process_frees_key_on_every_node_after_about_one_lease() {
     let nodes = Nodes::start(3);
     let key = "redlock:killed-holder";
     let url = nodes.redlock_url("node_timeout=500ms");
-    let mut holder = HolderProcess::spawn(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &url,
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "1000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    assert_eq!(
-        line, "acquired none",
-        "a Redlock holder has no fence to print"
-    );
+    let (mut holder, holder_fence) =
+        hold_in_process(env!("CARGO_BIN_EXE_dlock-holder"), &url, key, 1000, &[]).await;
+    assert_eq!(holder_fence, None, "a Redlock holder has no fence to print");
     // Past the 1 s lease: the holder's watchdog keeps it on every node.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let dead_owner = nodes.owner_on(0, key).await.expect("held on node 0");
@@ -927,41 +910,21 @@ async fn waiter_subscribes_on_every_node() {
 async fn processes_on_redlock_increment_a_counter_exactly() {
     const PROCESSES: u64 = 3;
     const ITERATIONS: u64 = 30;
-    let nodes = Nodes::start(3);
-    let store = RedisServer::start();
+    let (nodes, store) = (Nodes::start(3), RedisServer::start());
     let url = nodes.redlock_url("node_timeout=500ms");
-    let store_url = store.url();
-    let iterations = ITERATIONS.to_string();
-    let mut holders: Vec<HolderProcess> = (0..PROCESSES)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--counter-url",
-                    &store_url,
-                    "--key",
-                    "redlock:processes",
-                    "--mode",
-                    "counter",
-                    "--iterations",
-                    &iterations,
-                    "--counter",
-                    "counter:redlock-processes",
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        let status = holder.wait(Duration::from_secs(120)).await;
-        assert!(status.success(), "dlock-holder failed: {status}");
-    }
-    let total: u64 = store
-        .query(redis::cmd("GET").arg("counter:redlock-processes"))
-        .await;
+    let key = "redlock:processes";
+    let total = count_in_processes(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        "counter",
+        &url,
+        &store,
+        key,
+        PROCESSES,
+        ITERATIONS,
+    )
+    .await;
     assert_eq!(total, PROCESSES * ITERATIONS);
     nodes
-        .assert_on_every_live_node("redlock:processes", false, "after every process released")
+        .assert_on_every_live_node(key, false, "after every process released")
         .await;
 }

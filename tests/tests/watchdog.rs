@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::AcquireExt;
-use dlock_tests::{HolderProcess, RedisServer, Runtime, assert_between, lock_key};
+use dlock_tests::{RedisServer, Runtime, assert_between, hold_in_process, lock_key};
 
 /// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it
 /// never has more than 1 s left and never runs out.
@@ -44,24 +44,15 @@ async fn renewed_lock_hash_ttl_stays_within_the_lease() {
 async fn killed_holder_process_frees_key_after_about_one_lease() {
     let server = RedisServer::start();
     let key = "watchdog:killed-holder";
-    let mut holder = HolderProcess::spawn(
+    let (mut holder, holder_fence) = hold_in_process(
         env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &server.url(),
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "1000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    let holder_fence: u64 = line
-        .strip_prefix("acquired ")
-        .and_then(|f| f.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected holder output {line:?}"));
+        &server.url(),
+        key,
+        1000,
+        &[],
+    )
+    .await;
+    let holder_fence = holder_fence.expect("a fence");
     // Past the 1 s lease: the holder's watchdog keeps it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
@@ -215,24 +206,15 @@ async fn transient_outage_shorter_than_lease_is_not_a_loss() {
 async fn paused_holder_process_loses_the_lock_and_learns_it_on_resume() {
     let server = RedisServer::start();
     let key = "watchdog:paused-holder";
-    let mut holder = HolderProcess::spawn(
+    let (mut holder, holder_fence) = hold_in_process(
         env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &server.url(),
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "1000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    let holder_fence: u64 = line
-        .strip_prefix("acquired ")
-        .and_then(|f| f.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected holder output {line:?}"));
+        &server.url(),
+        key,
+        1000,
+        &[],
+    )
+    .await;
+    let holder_fence = holder_fence.expect("a fence");
     let rt = Runtime::from_url(&server.url()).await.expect("runtime");
     holder.pause();
     let paused = Instant::now();

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
-use dlock_tests::{AcquireExt, assert_busy};
-use dlock_tests::{HolderProcess, RedisServer, Runtime, assert_between, eventually};
+use dlock_tests::{AcquireExt, assert_busy, count_in_processes, hold_in_process};
+use dlock_tests::{RedisServer, Runtime, assert_between, eventually};
 
 /// Bound on anything that should happen "at once" (a hand-off, a background release).
 const PROMPTLY: Duration = Duration::from_millis(1500);
@@ -93,46 +93,29 @@ async fn queue_len(zk: &ZooKeeperServer, key: &str, len: usize, within: Duration
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_across_three_processes_exact_counter() {
-    let zk = ZooKeeperServer::start();
-    let store = RedisServer::start();
-    let (url, store_url) = (zk.url(), store.url());
-    let counter = "zk:processes:counter";
-    let iterations = 20u64;
+    const PROCESSES: u64 = 3;
+    const ITERATIONS: u64 = 20;
+    let (zk, store) = (ZooKeeperServer::start(), RedisServer::start());
     let start = Instant::now();
-    let mut holders: Vec<HolderProcess> = (0..3)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--counter-url",
-                    &store_url,
-                    "--key",
-                    "zk:exclusion:processes",
-                    "--mode",
-                    "counter",
-                    "--iterations",
-                    &iterations.to_string(),
-                    "--counter",
-                    counter,
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        assert_eq!(
-            holder.next_line(Duration::from_secs(60)).await,
-            format!("done {iterations}")
-        );
-        assert!(holder.wait(Duration::from_secs(10)).await.success());
-    }
+    let total = count_in_processes(
+        env!("CARGO_BIN_EXE_dlock-holder"),
+        "counter",
+        &zk.url(),
+        &store,
+        "zk:exclusion:processes",
+        PROCESSES,
+        ITERATIONS,
+    )
+    .await;
     println!(
-        "3 processes x {iterations} increments in {:?}",
+        "{PROCESSES} processes x {ITERATIONS} increments in {:?}",
         start.elapsed()
     );
-    let total: Option<u64> = store.query(redis::cmd("GET").arg(counter)).await;
-    assert_eq!(total, Some(3 * iterations), "lost increments: no exclusion");
+    assert_eq!(
+        total,
+        PROCESSES * ITERATIONS,
+        "lost increments: no exclusion"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,21 +160,9 @@ async fn killed_holder_process_frees_the_key_after_the_session_timeout() {
     let rt = runtime(&zk).await;
     let key = "zk:kill9";
     let url = format!("{}?session_timeout=2s", zk.url());
-    let mut holder = HolderProcess::spawn(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &url,
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "2000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    assert!(line.starts_with("acquired "), "{line}");
+    let (mut holder, holder_fence) =
+        hold_in_process(env!("CARGO_BIN_EXE_dlock-holder"), &url, key, 2000, &[]).await;
+    let holder_fence = holder_fence.expect("a fence");
     assert_busy(&rt, key, "while the holder process lives").await;
     holder.kill9().await;
     let killed = Instant::now();
@@ -208,7 +179,6 @@ async fn killed_holder_process_frees_the_key_after_the_session_timeout() {
         Duration::from_secs(1),
         Duration::from_secs(8),
     );
-    let holder_fence: u64 = line["acquired ".len()..].parse().expect("fence");
     assert!(guard.fence().expect("fence") > holder_fence);
     guard.release().await.expect("release");
 }
@@ -219,22 +189,9 @@ async fn stopped_holder_process_loses_its_session_and_another_acquires() {
     let rt = runtime(&zk).await;
     let key = "zk:sigstop";
     let url = format!("{}?session_timeout=1s", zk.url());
-    let mut holder = HolderProcess::spawn(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &url,
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "2000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    assert!(line.starts_with("acquired "), "{line}");
-    let holder_fence: u64 = line["acquired ".len()..].parse().expect("fence");
+    let (mut holder, holder_fence) =
+        hold_in_process(env!("CARGO_BIN_EXE_dlock-holder"), &url, key, 2000, &[]).await;
+    let holder_fence = holder_fence.expect("a fence");
     let rt2 = rt.clone();
     let waiter = tokio::spawn(async move {
         let guard = rt2
