@@ -18,6 +18,14 @@ pub trait AcquireExt {
     /// Acquires in a spawned task (another owner); the task returns the outcome and when it
     /// came.
     fn spawn(self) -> JoinHandle<(Result<LockGuard, LockError>, Instant)>;
+    /// Acquires, and asserts it took between `min` and `max` from the call (e.g. after a
+    /// holder was killed: about its lease); panics with `what` otherwise.
+    fn held_between(
+        self,
+        min: Duration,
+        max: Duration,
+        what: &str,
+    ) -> impl Future<Output = LockGuard> + Send;
 }
 
 impl AcquireExt for LockBuilder {
@@ -46,6 +54,23 @@ impl AcquireExt for LockBuilder {
             let err = self.refused(&what).await;
             assert!(err.is_timeout(), "{what}: expected Timeout, got {err:?}");
             err
+        }
+    }
+
+    fn held_between(
+        self,
+        min: Duration,
+        max: Duration,
+        what: &str,
+    ) -> impl Future<Output = LockGuard> + Send {
+        let what = what.to_owned();
+        async move {
+            let start = Instant::now();
+            let guard = self.held(&what).await;
+            let took = start.elapsed();
+            println!("{what}: acquired after {took:?}");
+            crate::assert_between(&what, took, min, max);
+            guard
         }
     }
 
@@ -98,4 +123,52 @@ pub async fn acquire_within(rt: &Runtime, key: &str, within: Duration, when: &st
     });
     guard.release().await.expect("release");
     at.duration_since(start)
+}
+
+/// For `period`, every `every`: asserts `guard` is not lost, then runs `check` with the time
+/// since the start. Returns how many rounds ran.
+pub async fn while_held<F, Fut>(
+    guard: &LockGuard,
+    period: Duration,
+    every: Duration,
+    mut check: F,
+) -> u32
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let start = Instant::now();
+    let mut rounds = 0;
+    while start.elapsed() < period {
+        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
+        check(start.elapsed()).await;
+        rounds += 1;
+        tokio::time::sleep(every).await;
+    }
+    rounds
+}
+
+/// Releases `holder`, then awaits `waiter` (from [`AcquireExt::spawn`]) and asserts it held the
+/// key within `bound` of the release (the holder's lease is far longer: a notification woke
+/// it). Returns the waiter's guard.
+pub async fn hand_off(
+    holder: LockGuard,
+    waiter: JoinHandle<(Result<LockGuard, LockError>, Instant)>,
+    bound: Duration,
+    what: &str,
+) -> LockGuard {
+    let released = Instant::now();
+    holder.release().await.expect("the holder releases");
+    let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the waiter finishes"))
+        .expect("waiter task");
+    let guard = guard.unwrap_or_else(|e| panic!("{what}: the waiter: {e:?}"));
+    let latency = acquired.saturating_duration_since(released);
+    println!("{what}: release -> waiter holds in {latency:?}");
+    assert!(
+        latency < bound,
+        "{what}: the waiter held the key {latency:?} after the release (bound {bound:?})"
+    );
+    guard
 }

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 mod acquire;
 mod processes;
 
-pub use acquire::{AcquireExt, LONG_LEASE, acquire_within, assert_busy, assert_free};
+pub use acquire::{
+    AcquireExt, LONG_LEASE, acquire_within, assert_busy, assert_free, hand_off, while_held,
+};
 pub use processes::{count_in_processes, hold_in_process};
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_tests::AcquireExt;
 use dlock_tests::cluster::{MASTERS, RedisCluster};
+use dlock_tests::{AcquireExt, hand_off};
 use dlock_tests::{
     LockGuard, RedisServer, Runtime, assert_between, count_in_processes, eventually, fence_key,
     hold_in_process, lock_key, released_channel,
@@ -256,18 +256,11 @@ async fn release_wakes_a_waiter_on_every_shard_within_500_ms() {
             .lease(LONG_LEASE)
             .held("holder")
             .await;
-        let waiter = {
-            let (rt, key) = (waiter_rt.clone(), key.clone());
-            tokio::spawn(async move {
-                let guard = rt
-                    .lock(key.as_str())
-                    .lease(LONG_LEASE)
-                    .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await;
-                (guard, Instant::now())
-            })
-        };
+        let waiter = waiter_rt
+            .lock(key.as_str())
+            .lease(LONG_LEASE)
+            .wait(Duration::from_secs(20))
+            .spawn();
         // The waiter subscribes with SSUBSCRIBE on the shard of its key.
         let channel = released_channel(key);
         eventually(
@@ -278,19 +271,8 @@ async fn release_wakes_a_waiter_on_every_shard_within_500_ms() {
         .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!waiter.is_finished(), "the waiter got a held key");
-        let released = Instant::now();
-        holder.release().await.expect("release");
-        let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
-            .await
-            .expect("the waiter wakes")
-            .expect("task");
-        let guard = guard.expect("the waiter acquires");
-        let latency = acquired.saturating_duration_since(released);
-        println!("shard of node {master}: release -> waiter holds in {latency:?}");
-        assert!(
-            latency < Duration::from_millis(500),
-            "{key:?} (node {master}): waiter acquired {latency:?} after the release, lease {LONG_LEASE:?}"
-        );
+        let what = format!("{key:?} (node {master})");
+        let guard = hand_off(holder, waiter, Duration::from_millis(500), &what).await;
         guard.release().await.expect("release");
     }
 }

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::AcquireExt;
+use dlock_tests::{AcquireExt, hand_off};
 use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
 
 /// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
@@ -76,36 +76,19 @@ async fn tls_release_wakes_waiter_in_other_runtime_within_500_ms() {
     let key = "tls:notify";
     for round in 0..3 {
         let holder = holder_rt.lock(key).lease(LEASE).held("holder").await;
-        let rt = waiter_rt.clone();
-        let waiter = tokio::spawn(async move {
-            let guard = rt
-                .lock(key)
-                .lease(LEASE)
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await;
-            (guard, Instant::now())
-        });
+        let waiter = waiter_rt
+            .lock(key)
+            .lease(LEASE)
+            .wait(Duration::from_secs(20))
+            .spawn();
         // Let the waiter find the key busy and go to sleep (bounded by the 30 s TTL).
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
             !waiter.is_finished(),
             "round {round}: the waiter got a held key"
         );
-        let released = Instant::now();
-        holder.release().await.expect("release");
-        let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
-            .await
-            .expect("the waiter wakes")
-            .expect("task");
-        let guard = guard.expect("the waiter acquires");
-        let latency = acquired.saturating_duration_since(released);
-        println!("TLS round {round}: release -> waiter holds in {latency:?}");
-        assert!(
-            latency < Duration::from_millis(500),
-            "round {round}: the waiter acquired {latency:?} after the release: no notification \
-             over TLS?"
-        );
+        let what = format!("TLS round {round}");
+        let guard = hand_off(holder, waiter, Duration::from_millis(500), &what).await;
         guard.release().await.expect("release");
     }
 }

@@ -20,7 +20,7 @@ use crate::support::{
     LONG_LEASE, RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free,
     assert_nothing_left,
 };
-use dlock_tests::AcquireExt;
+use dlock_tests::{AcquireExt, hand_off};
 
 /// A business error, to leave a critical section with `?`.
 #[derive(Debug)]
@@ -193,18 +193,11 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(engine: Engine) {
         waiter(&rts[2]),
     ));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let next = {
-        let rt = rts[3].clone();
-        tokio::spawn(async move {
-            let guard = rt
-                .lock(key)
-                .lease(LONG_LEASE)
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await;
-            (guard, Instant::now())
-        })
-    };
+    let next = rts[3]
+        .lock(key)
+        .lease(LONG_LEASE)
+        .wait(Duration::from_secs(20))
+        .spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !aborted.is_finished(),
@@ -219,22 +212,8 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(engine: Engine) {
         "{engine:?}: the timer drops the waiter: {out:?}"
     );
     assert!(!next.is_finished(), "{engine:?}: a waiter got a held key");
-    let released = Instant::now();
-    holder.release().await.expect("release");
-    let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), next)
-        .await
-        .expect("the next waiter finishes")
-        .expect("task");
-    let guard = guard.unwrap_or_else(|e| panic!("{engine:?}: the next waiter: {e:?}"));
-    let latency = acquired.saturating_duration_since(released);
-    println!(
-        "{engine:?}: the waiter behind two cancelled ones got the key {latency:?} after the release"
-    );
-    assert!(
-        latency < bound,
-        "{engine:?}: the waiter behind two cancelled ones got the key {latency:?} after the \
-         release (bound {bound:?})"
-    );
+    let what = format!("{engine:?}: the waiter behind two cancelled ones");
+    let guard = hand_off(holder, next, bound, &what).await;
     guard.release().await.expect("release");
     assert_nothing_left(&rts[1], key, "after the hand-off").await;
     assert_free(&rts[1], key, "after the hand-off").await;

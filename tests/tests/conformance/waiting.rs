@@ -9,7 +9,7 @@ use dlock_tests::assert_between;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_free, assert_nothing_left};
-use dlock_tests::AcquireExt;
+use dlock_tests::{AcquireExt, hand_off};
 
 /// A held key: one attempt (`wait` zero) fails at once, a waiter with `wait` = 300 ms gets
 /// `Timeout` naming the key after 300 ms to 1.5 s, and so does each of ten waiters queued on
@@ -118,38 +118,19 @@ pub(crate) async fn release_wakes_a_waiter_long_before_the_lease(engine: Engine)
     let key = "conformance:wait:wake";
     for round in 0..5 {
         let holder = holder_rt.lock(key).lease(LONG_LEASE).held("holder").await;
-        let waiter = {
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                let guard = rt
-                    .lock(key)
-                    .lease(LONG_LEASE)
-                    .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await;
-                (guard, Instant::now())
-            })
-        };
+        let waiter = rt
+            .lock(key)
+            .lease(LONG_LEASE)
+            .wait(Duration::from_secs(20))
+            .spawn();
         // Let the waiter find the key busy and go to sleep.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
             !waiter.is_finished(),
             "{engine:?}: the waiter got a held key"
         );
-        let released = Instant::now();
-        holder.release().await.expect("release");
-        let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
-            .await
-            .expect("the waiter wakes")
-            .expect("task");
-        let guard = guard.unwrap_or_else(|e| panic!("{engine:?}: the waiter: {e:?}"));
-        let latency = acquired.saturating_duration_since(released);
-        println!("{engine:?} round {round}: release -> waiter holds in {latency:?}");
-        assert!(
-            latency < bound,
-            "{engine:?} round {round}: the waiter held the key {latency:?} after the release \
-             (bound {bound:?}, lease {LONG_LEASE:?})"
-        );
+        let what = format!("{engine:?} round {round}");
+        let guard = hand_off(holder, waiter, bound, &what).await;
         guard.release().await.expect("release");
     }
 }
