@@ -101,9 +101,8 @@ async fn locks_on_every_shard_exclude_a_second_runtime_and_release() {
         let err = other
             .lock(key.as_str())
             .wait(Duration::from_millis(200))
-            .refused("a second runtime must not get a held key")
+            .times_out("a second runtime must not get a held key")
             .await;
-        assert!(err.is_timeout(), "{key}: expected Timeout, got {err:?}");
         assert_eq!(err.key(), Some(key.as_str()));
         assert!(other.is_locked(key).await.expect("is_locked"));
     }
@@ -216,11 +215,9 @@ async fn holder_process_on_a_cluster_url_excludes_until_killed() {
             "PTTL {pttl} after {:?}",
             start.elapsed()
         );
-        let err = rt
-            .lock(key.as_str())
-            .refused("another process holds the key")
+        rt.lock(key.as_str())
+            .times_out("another process holds the key")
             .await;
-        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     holder.kill9().await;
@@ -345,11 +342,10 @@ async fn watchdog_keeps_one_second_leases_on_every_shard_and_batches_per_slot() 
     while start.elapsed() < 2 * window {
         check("phase 2").await;
         for key in &keys {
-            let err = other
+            other
                 .lock(key.as_str())
-                .refused("a renewed key stays held")
+                .times_out("a renewed key stays held")
                 .await;
-            assert!(err.is_timeout(), "{key:?}: expected Timeout, got {err:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -495,11 +491,10 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
         println!("the lock held across the failover was reported lost");
     } else {
         println!("the lock held across the failover is still held, renewed on the new master");
-        let err = other
+        other
             .lock(kept.as_str())
-            .refused("a lock renewed on the promoted replica excludes others")
+            .times_out("a lock renewed on the promoted replica excludes others")
             .await;
-        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
         let kept_fence = kept_guard.fence().expect("fence");
         kept_guard.release().await.expect("release");
         // The replicated fence counter keeps growing on the new master.
