@@ -148,6 +148,15 @@ where
     rounds
 }
 
+/// Asserts a lock's TTL on the server (`PTTL`, ms) is within its lease: `0 < PTTL <= lease`.
+#[track_caller]
+pub fn assert_ttl_within_lease(pttl: i64, lease: Duration, at: Duration) {
+    assert!(
+        pttl > 0 && u128::try_from(pttl).is_ok_and(|ms| ms <= lease.as_millis()),
+        "PTTL {pttl} ms {at:?} in: expected 0 < PTTL <= the {lease:?} lease"
+    );
+}
+
 /// Releases `holder`, then awaits `waiter` (from [`AcquireExt::spawn`]) and asserts it held the
 /// key within `bound` of the release (the holder's lease is far longer: a notification woke
 /// it). Returns the waiter's guard.

@@ -22,7 +22,8 @@ mod acquire;
 mod processes;
 
 pub use acquire::{
-    AcquireExt, LONG_LEASE, acquire_within, assert_busy, assert_free, hand_off, while_held,
+    AcquireExt, LONG_LEASE, acquire_within, assert_busy, assert_free, assert_ttl_within_lease,
+    hand_off, while_held,
 };
 pub use processes::{count_in_processes, hold_in_process};
 

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
-use dlock_tests::{AcquireExt, SetOnDrop, count_in_processes, hold_in_process};
-use dlock_tests::{LockGuard, RedisServer, Runtime, assert_between};
+use dlock_tests::{AcquireExt, SetOnDrop, count_in_processes, hold_in_process, while_held};
+use dlock_tests::{LockGuard, RedisServer, Runtime};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 /// The runtime's default key prefix.
@@ -483,20 +483,15 @@ async fn killed_holder_process_frees_the_lock_after_about_its_lease() {
 
     let rt = runtime(etcd.cluster()).await;
     holder.kill9().await;
-    let killed = Instant::now();
     let guard = rt
         .lock(key)
         .wait(Duration::from_secs(10))
-        .held("the dead holder's lock expires")
+        .held_between(
+            Duration::from_secs(1),
+            Duration::from_secs(6),
+            "acquire after kill -9 of an etcd holder with lease 2 s",
+        )
         .await;
-    let took = killed.elapsed();
-    println!("acquired {took:?} after kill -9 of a holder with lease 2 s");
-    assert_between(
-        "acquire after kill -9 of an etcd holder with lease 2 s",
-        took,
-        Duration::from_secs(1),
-        Duration::from_secs(6),
-    );
     assert!(!lease_alive(etcd.cluster(), held.lease));
     assert!(guard.fence().expect("fence") as i64 > fence);
     guard.release().await.expect("release");
@@ -669,27 +664,26 @@ async fn watchdog_renews_the_granted_lease_and_keeps_the_same_key() {
         short_granted.is_some_and(|t| (1..=2).contains(&t)),
         "{short_granted:?}"
     );
-    let start = Instant::now();
     let mut ttls = Vec::new();
-    while start.elapsed() < Duration::from_secs(6) {
-        let kvs = queue(etcd.cluster(), key);
-        assert_eq!(
-            kvs.first()
-                .map(|kv| (&kv.key, kv.create_revision, kv.lease)),
-            Some((&held.key, held.create_revision, held.lease)),
-            "the holder's key must stay ({:?} in)",
-            start.elapsed()
-        );
-        let ttl = blocking(|| etcd.lease_ttl(held.lease));
-        assert!(
-            ttl.is_some_and(|t| t > 0),
-            "lease TTL {ttl:?} after {:?}",
-            start.elapsed()
-        );
-        ttls.extend(ttl);
-        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    while_held(
+        &guard,
+        Duration::from_secs(6),
+        Duration::from_millis(200),
+        |at| {
+            let kvs = queue(etcd.cluster(), key);
+            assert_eq!(
+                kvs.first()
+                    .map(|kv| (&kv.key, kv.create_revision, kv.lease)),
+                Some((&held.key, held.create_revision, held.lease)),
+                "the holder's key must stay ({at:?} in)"
+            );
+            let ttl = blocking(|| etcd.lease_ttl(held.lease));
+            assert!(ttl.is_some_and(|t| t > 0), "lease TTL {ttl:?} {at:?} in");
+            ttls.extend(ttl);
+            std::future::ready(())
+        },
+    )
+    .await;
     println!(
         "held 6 s on a 2 s lease; server TTLs seen {:?}..{:?}",
         ttls.iter().min(),

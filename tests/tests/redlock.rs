@@ -519,21 +519,16 @@ async fn killed_holder_process_frees_key_on_every_node_after_about_one_lease() {
 
     let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     holder.kill9().await;
-    let killed = Instant::now();
     let guard = rt
         .lock(key)
         .lease(Duration::from_secs(30))
         .wait(Duration::from_secs(10))
-        .held("the dead holder's lock expires")
+        .held_between(
+            Duration::from_millis(400),
+            Duration::from_secs(4),
+            "acquire after kill -9 of a Redlock holder with lease 1 s",
+        )
         .await;
-    let took = killed.elapsed();
-    println!("acquired {took:?} after kill -9 of a holder with lease 1 s");
-    assert_between(
-        "acquire after kill -9 of a Redlock holder with lease 1 s",
-        took,
-        Duration::from_millis(400),
-        Duration::from_secs(4),
-    );
     for (i, _) in nodes.live() {
         assert_ne!(
             nodes.owner_on(i, key).await.as_deref(),

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{AcquireExt, hand_off};
+use dlock_tests::{AcquireExt, assert_ttl_within_lease, hand_off, while_held};
 use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
 
 /// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
@@ -103,22 +103,22 @@ async fn tls_watchdog_keeps_one_second_lease_for_three_seconds() {
         .lease(Duration::from_secs(1))
         .held("acquire")
         .await;
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(3) {
-        let pttl = server.pttl(&lock_key(key)).await;
-        assert!(
-            pttl > 0 && pttl <= 1000,
-            "PTTL {pttl} ms after {:?}: expected 0 < PTTL <= 1 s lease",
-            start.elapsed()
-        );
-        other
-            .lock(key)
-            .wait(Duration::ZERO)
-            .times_out("another runtime must fail while the watchdog renews")
-            .await;
-        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    while_held(
+        &guard,
+        Duration::from_secs(3),
+        Duration::from_millis(100),
+        |at| {
+            let (server, other) = (&server, &other);
+            async move {
+                let pttl = server.pttl(&lock_key(key)).await;
+                assert_ttl_within_lease(pttl, Duration::from_secs(1), at);
+                let lock = other.lock(key).wait(Duration::ZERO);
+                lock.times_out("another runtime must fail while the watchdog renews")
+                    .await;
+            }
+        },
+    )
+    .await;
     guard
         .release()
         .await

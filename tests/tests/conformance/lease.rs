@@ -11,7 +11,7 @@ use dlock_tests::assert_between;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free};
-use dlock_tests::AcquireExt;
+use dlock_tests::{AcquireExt, while_held};
 
 /// The lease of the loss tests: renewed every 2 s, so a loss seen within [`LOSS_SEEN_WITHIN`]
 /// was seen by a renewal, not by the lease running out.
@@ -29,23 +29,15 @@ pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
     let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
     let key = "conformance:lease:renewed";
     let guard = rt.lock(key).lease(params.short_lease).held("acquire").await;
-    let start = Instant::now();
-    let mut checks = 0;
-    while start.elapsed() < params.hold_for {
-        assert!(
-            !guard.is_lost(),
-            "{engine:?}: lost after {:?}",
-            start.elapsed()
+    let every = Duration::from_millis(100);
+    let checks = while_held(&guard, params.hold_for, every, |at| {
+        let (other, when) = (
+            &other,
+            format!("{at:?} into a {:?} lease", params.short_lease),
         );
-        let when = format!(
-            "{:?} into a {:?} lease",
-            start.elapsed(),
-            params.short_lease
-        );
-        assert_busy(&other, key, &when).await;
-        checks += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        async move { assert_busy(other, key, &when).await }
+    })
+    .await;
     assert!(checks >= 10, "{engine:?}: only {checks} checks");
     guard.release().await.unwrap_or_else(|e| {
         panic!(
