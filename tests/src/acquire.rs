@@ -1,9 +1,10 @@
 //! Acquisition shorthands: one line per expected outcome, the failure naming what was expected.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockBuilder, LockError, LockGuard, Runtime};
+use dlock_runtime::{LockBuilder, LockError, LockGuard, Runtime, with_lock};
 use tokio::task::JoinHandle;
 
 /// The outcomes a test expects of [`LockBuilder::acquire`].
@@ -15,6 +16,15 @@ pub trait AcquireExt {
     fn refused(self, what: &str) -> impl Future<Output = LockError> + Send;
     /// Expects `LockError::Timeout`; panics with `what` on success or any other error.
     fn times_out(self, what: &str) -> impl Future<Output = LockError> + Send;
+    /// Acquires and releases at once; panics with `what` and the error if either fails.
+    fn cycled(self, what: &str) -> impl Future<Output = ()> + Send;
+    /// Runs `with_lock` on this lock and a body that must never run; expects an error within
+    /// `within` (no hang) and returns it with how long it took. Panics with `what` otherwise.
+    fn body_refused(
+        self,
+        within: Duration,
+        what: &str,
+    ) -> impl Future<Output = (LockError, Duration)> + Send;
     /// Acquires in a spawned task (another owner); the task returns the outcome and when it
     /// came.
     fn spawn(self) -> JoinHandle<(Result<LockGuard, LockError>, Instant)>;
@@ -71,6 +81,41 @@ impl AcquireExt for LockBuilder {
             println!("{what}: acquired after {took:?}");
             crate::assert_between(&what, took, min, max);
             guard
+        }
+    }
+
+    fn cycled(self, what: &str) -> impl Future<Output = ()> + Send {
+        let what = what.to_owned();
+        async move {
+            let guard = self.held(&what).await;
+            guard
+                .release()
+                .await
+                .unwrap_or_else(|e| panic!("{what}: release: {e:?}"));
+        }
+    }
+
+    fn body_refused(
+        self,
+        within: Duration,
+        what: &str,
+    ) -> impl Future<Output = (LockError, Duration)> + Send {
+        let what = what.to_owned();
+        async move {
+            let ran = AtomicBool::new(false);
+            let start = Instant::now();
+            let body = async { ran.store(true, Ordering::SeqCst) };
+            let out = tokio::time::timeout(within, with_lock(self, body))
+                .await
+                .unwrap_or_else(|_| panic!("{what}: with_lock must not hang past {within:?}"));
+            let took = start.elapsed();
+            println!("{what}: with_lock returned {out:?} after {took:?}");
+            assert!(
+                !ran.load(Ordering::SeqCst),
+                "{what}: the body ran without the lock"
+            );
+            let err = out.map(drop).expect_err("no lock, no body");
+            (err, took)
         }
     }
 

@@ -3,10 +3,9 @@
 //! bad configuration gives `InvalidConfig`.
 
 use std::error::Error as _;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockError, with_lock};
+use dlock_runtime::LockError;
 use dlock_tests::AcquireExt;
 use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
 
@@ -15,13 +14,18 @@ const LEASE: Duration = Duration::from_secs(30);
 const TIMEOUT: Duration = Duration::from_secs(1);
 const BACKEND_ERROR_WITHIN: Duration = Duration::from_secs(10);
 
-async fn runtime_with_timeout(server: &RedisServer) -> Runtime {
-    Runtime::builder()
+/// A fresh redis-server and a runtime on it with [`TIMEOUT`] that has just taken and released
+/// `key` (everything works before the fault).
+async fn working_before_the_fault(key: &str) -> (RedisServer, Runtime) {
+    let server = RedisServer::start();
+    let rt = Runtime::builder()
         .redis(server.url())
         .timeout(TIMEOUT)
         .build()
         .await
-        .expect("runtime")
+        .expect("runtime");
+    rt.lock(key).cycled("before the fault").await;
+    (server, rt)
 }
 
 /// `Backend` errors keep the engine error as `source()`.
@@ -81,15 +85,8 @@ async fn script_flush_while_running_keeps_locks_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_while_idle_next_acquire_works() {
-    let mut server = RedisServer::start();
-    let rt = runtime_with_timeout(&server).await;
     let key = "faults:restart";
-    rt.lock(key)
-        .held("before")
-        .await
-        .release()
-        .await
-        .expect("release");
+    let (mut server, rt) = working_before_the_fault(key).await;
     server.restart();
     let restarted = Instant::now();
     loop {
@@ -117,15 +114,8 @@ async fn redis_restarted_while_idle_next_acquire_works() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_gives_backend_error_within_bounded_time() {
-    let mut server = RedisServer::start();
-    let rt = runtime_with_timeout(&server).await;
     let key = "faults:killed";
-    rt.lock(key)
-        .held("before")
-        .await
-        .release()
-        .await
-        .expect("release");
+    let (mut server, rt) = working_before_the_fault(key).await;
     server.kill9();
     let start = Instant::now();
     let err = tokio::time::timeout(BACKEND_ERROR_WITHIN, rt.lock(key).acquire())
@@ -137,55 +127,22 @@ async fn redis_killed_gives_backend_error_within_bounded_time() {
     assert_backend_error(&err, key);
     assert_has_source(&err);
 
-    let body_ran = AtomicBool::new(false);
-    let out = tokio::time::timeout(
-        BACKEND_ERROR_WITHIN,
-        with_lock(rt.lock(key).wait(Duration::from_secs(2)), async {
-            body_ran.store(true, Ordering::SeqCst);
-        }),
-    )
-    .await
-    .expect("with_lock against a dead server must not hang");
-    let err = out.expect_err("no server, no lock");
+    let lock = rt.lock(key).wait(Duration::from_secs(2));
+    let (err, _) = lock.body_refused(BACKEND_ERROR_WITHIN, "dead server").await;
     assert_backend_error(&err, key);
-    assert!(
-        !body_ran.load(Ordering::SeqCst),
-        "the body ran without the lock"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_gives_backend_error_within_bounded_time() {
-    let mut server = RedisServer::start();
-    let rt = runtime_with_timeout(&server).await;
     let key = "faults:paused";
-    rt.lock(key)
-        .held("before")
-        .await
-        .release()
-        .await
-        .expect("release");
+    let (mut server, rt) = working_before_the_fault(key).await;
     server.pause();
-    let start = Instant::now();
-    let body_ran = AtomicBool::new(false);
-    let out = tokio::time::timeout(
-        BACKEND_ERROR_WITHIN,
-        with_lock(rt.lock(key), async {
-            body_ran.store(true, Ordering::SeqCst);
-        }),
-    )
-    .await;
-    let took = start.elapsed();
+    let lock = rt.lock(key);
+    let (err, _) = lock
+        .body_refused(BACKEND_ERROR_WITHIN, "frozen server")
+        .await;
     server.resume();
-    let err = out
-        .expect("with_lock against a frozen server must not hang")
-        .expect_err("no answer, no lock");
-    println!("with_lock failed after {took:?}: {err}");
     assert_backend_error(&err, key);
-    assert!(
-        !body_ran.load(Ordering::SeqCst),
-        "the body ran without the lock"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,12 +155,7 @@ async fn backend_error_from_an_unanswered_request_keeps_a_source() {
         .await
         .expect("runtime");
     let key = "faults:timeout-source";
-    rt.lock(key)
-        .held("before")
-        .await
-        .release()
-        .await
-        .expect("release");
+    rt.lock(key).cycled("before").await;
     server.pause();
     let mut errors = Vec::new();
     for _ in 0..5 {

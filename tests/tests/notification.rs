@@ -131,13 +131,7 @@ async fn hot_key_handoffs(server: &RedisServer, runtimes: &[Runtime]) {
     const EACH: u64 = 10;
     let key = "notify:hot";
     // Load the scripts before counting.
-    runtimes[0]
-        .lock(key)
-        .held("warm up")
-        .await
-        .release()
-        .await
-        .expect("release");
+    runtimes[0].lock(key).cycled("warm up").await;
     let before = server.script_calls().await;
     let start = Instant::now();
     let tasks: Vec<_> = (0..TASKS)

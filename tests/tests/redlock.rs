@@ -163,11 +163,8 @@ async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
     // Connect every client to every node first, so the kill breaks live connections.
     for r in [&rt, &other] {
         r.lock("redlock:warm-up")
-            .held("warm-up acquire on 5 live nodes")
-            .await
-            .release()
-            .await
-            .expect("warm-up release");
+            .cycled("warm-up acquire on 5 live nodes")
+            .await;
     }
     nodes.kill9(1);
     nodes.kill9(3);
@@ -234,11 +231,8 @@ async fn five_nodes_with_three_killed_fail_with_quorum_not_reached() {
     let mut nodes = Nodes::start(5);
     let rt = nodes.runtime(Duration::from_millis(200)).await;
     rt.lock("redlock:warm-up")
-        .held("warm-up acquire on 5 live nodes")
-        .await
-        .release()
-        .await
-        .expect("warm-up release");
+        .cycled("warm-up acquire on 5 live nodes")
+        .await;
     for i in [0, 2, 4] {
         nodes.kill9(i);
     }
@@ -290,12 +284,7 @@ async fn paused_node_does_not_stall_acquire_beyond_node_timeout() {
     const WITHIN: Duration = Duration::from_secs(1);
     let mut nodes = Nodes::start(3);
     let warm = nodes.runtime(NODE_TIMEOUT).await;
-    warm.lock("redlock:warm-up")
-        .held("warm-up acquire")
-        .await
-        .release()
-        .await
-        .expect("warm-up release");
+    warm.lock("redlock:warm-up").cycled("warm-up acquire").await;
     nodes.servers[2].pause();
     // A runtime whose first connection to the paused node happens during the pause.
     let cold = nodes.runtime(NODE_TIMEOUT).await;

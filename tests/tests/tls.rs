@@ -165,11 +165,8 @@ async fn tls_plaintext_url_to_tls_port_fails_with_backend_error_promptly() {
     // The server is unharmed and still serves TLS clients.
     let rt = tls_runtime(&server).await;
     rt.lock("tls:plain")
-        .held("a TLS client after the plaintext one")
-        .await
-        .release()
-        .await
-        .expect("release");
+        .cycled("a TLS client after the plaintext one")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

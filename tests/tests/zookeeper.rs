@@ -474,12 +474,7 @@ async fn released_key_leaves_no_node_and_can_be_taken_again() {
         guard.release().await.expect("release");
         assert!(queue_of(&zk, &key).is_empty());
         assert!(!rt2.is_locked(&key).await.expect("is_locked"));
-        rt2.lock(key.as_str())
-            .held("re-acquire")
-            .await
-            .release()
-            .await
-            .expect("release");
+        rt2.lock(key.as_str()).cycled("re-acquire").await;
     }
     // The container parents stay until the server's container manager runs (every minute by
     // default): observed, not asserted.
