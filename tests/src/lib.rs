@@ -25,7 +25,9 @@ pub use acquire::{
     AcquireExt, LONG_LEASE, acquire_within, assert_busy, assert_free, assert_ttl_within_lease,
     hand_off, while_held,
 };
-pub use processes::{count_in_processes, hold_in_process};
+pub use processes::{
+    count_in_attributed_processes, count_in_processes, hold_in_process, holder_bin,
+};
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub use dlock_testkit::redis::{

@@ -1,15 +1,37 @@
-//! `dlock-holder` processes (this package's binary; pass `env!("CARGO_BIN_EXE_dlock-holder")`
-//! as `bin`): a holder to kill or pause, and processes counting under a lock.
+//! `dlock-holder` processes (this package's binary): a holder to kill or pause, and processes
+//! counting under a lock.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_testkit::{HolderProcess, RedisServer};
+
+/// The `dlock-holder` binary Cargo built beside the running test (`target/<profile>/`, the
+/// test itself being in `target/<profile>/deps/`).
+pub fn holder_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("a test binary under target/<profile>/deps");
+    let bin = dir.join(format!("dlock-holder{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: build this package's binaries",
+        bin.display()
+    );
+    bin
+}
+
+fn spawn(args: &[&str]) -> HolderProcess {
+    let bin = holder_bin();
+    HolderProcess::spawn(bin.to_str().expect("a UTF-8 path"), args)
+}
 
 /// Starts `dlock-holder --mode hold` taking `key` on `url` with a `lease_ms` lease (plus
 /// `extra` arguments), and waits up to 20 s for its `acquired <fence>` line. Returns the process
 /// and the fence it printed (`None` for `acquired none`: Redlock).
 pub async fn hold_in_process(
-    bin: &str,
     url: &str,
     key: &str,
     lease_ms: u64,
@@ -27,7 +49,7 @@ pub async fn hold_in_process(
         &lease_ms,
     ];
     args.extend_from_slice(extra);
-    let mut holder = HolderProcess::spawn(bin, &args);
+    let mut holder = spawn(&args);
     let line = holder.next_line(Duration::from_secs(20)).await;
     let fence = match line.strip_prefix("acquired ") {
         Some("none") => None,
@@ -41,13 +63,33 @@ pub async fn hold_in_process(
     (holder, fence)
 }
 
-/// Runs `processes` `dlock-holder`s in `mode` (`counter`, or `attr-counter` through the
-/// attribute) on `url`: each increments the counter `counter:<key>` on `store` `iterations`
+/// Runs `processes` `dlock-holder --mode counter` on `url`: each increments the counter `counter:<key>` on `store` `iterations`
 /// times (GET, sleep 1 ms, SET) holding `key`. Asserts every process prints `done <iterations>`
 /// and exits successfully within 120 s; returns the counter, which is exact only under mutual
 /// exclusion.
 pub async fn count_in_processes(
-    bin: &str,
+    url: &str,
+    store: &RedisServer,
+    key: &str,
+    processes: u64,
+    iterations: u64,
+) -> u64 {
+    count_in_mode("counter", url, store, key, processes, iterations).await
+}
+
+/// [`count_in_processes`] with the increment inside a `#[distributed_lock]` fn
+/// (`--mode attr-counter`).
+pub async fn count_in_attributed_processes(
+    url: &str,
+    store: &RedisServer,
+    key: &str,
+    processes: u64,
+    iterations: u64,
+) -> u64 {
+    count_in_mode("attr-counter", url, store, key, processes, iterations).await
+}
+
+async fn count_in_mode(
     mode: &str,
     url: &str,
     store: &RedisServer,
@@ -71,9 +113,7 @@ pub async fn count_in_processes(
         "--counter",
         &counter,
     ];
-    let mut holders: Vec<_> = (0..processes)
-        .map(|_| HolderProcess::spawn(bin, &args))
-        .collect();
+    let mut holders: Vec<_> = (0..processes).map(|_| spawn(&args)).collect();
     for holder in &mut holders {
         let status = holder.wait(Duration::from_secs(120)).await;
         assert!(status.success(), "dlock-holder failed: {status}");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockError, current_fence, distributed_lock, lock, with_lock};
 use dlock_tests::AcquireExt;
 use dlock_tests::{
-    Backend, Engine, RedisServer, Runtime, assert_between, count_in_processes, lock_key,
+    Backend, Engine, RedisServer, Runtime, assert_between, count_in_attributed_processes, lock_key,
     on_both_backends,
 };
 use redis::aio::MultiplexedConnection;
@@ -157,16 +157,8 @@ async fn attribute_excludes_four_processes_in_a_non_atomic_redis_increment() {
     let server = RedisServer::start();
     let key = "attr:processes";
     // Each process runs the increment inside an annotated fn on its installed runtime.
-    let total = count_in_processes(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        "attr-counter",
-        &server.url(),
-        &server,
-        key,
-        PROCESSES,
-        ITERATIONS,
-    )
-    .await;
+    let total =
+        count_in_attributed_processes(&server.url(), &server, key, PROCESSES, ITERATIONS).await;
     assert_eq!(
         total,
         PROCESSES * ITERATIONS,

@@ -196,14 +196,7 @@ async fn counter_stays_exact_with_three_runtimes_contending_on_every_shard() {
 async fn holder_process_on_a_cluster_url_excludes_until_killed() {
     let cluster = RedisCluster::start();
     let (key, _) = cluster.one_key_per_master("process").await.remove(1);
-    let (mut holder, holder_fence) = hold_in_process(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &cluster.url(),
-        &key,
-        1000,
-        &[],
-    )
-    .await;
+    let (mut holder, holder_fence) = hold_in_process(&cluster.url(), &key, 1000, &[]).await;
     let holder_fence = holder_fence.expect("a fence");
     let rt = runtime(&cluster).await;
     // Past two leases of 1 s: the other process's watchdog keeps the key, we are excluded.
@@ -809,8 +802,6 @@ async fn processes_on_the_cluster_increment_a_counter_exactly() {
     const ITERATIONS: u64 = 30;
     let (cluster, store) = (RedisCluster::start(), RedisServer::start());
     let total = count_in_processes(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        "counter",
         &cluster.url(),
         &store,
         "cluster:processes",

@@ -165,16 +165,8 @@ async fn processes_increment_a_counter_exactly() {
     const ITERATIONS: u64 = 20;
     let (etcd, store) = (EtcdServer::start(), RedisServer::start());
     let start = Instant::now();
-    let total = count_in_processes(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        "counter",
-        &etcd.url(),
-        &store,
-        "etcd:processes",
-        PROCESSES,
-        ITERATIONS,
-    )
-    .await;
+    let total =
+        count_in_processes(&etcd.url(), &store, "etcd:processes", PROCESSES, ITERATIONS).await;
     println!(
         "{PROCESSES} processes x {ITERATIONS} increments in {:?}",
         start.elapsed()
@@ -463,8 +455,7 @@ async fn killed_holder_process_frees_the_lock_after_about_its_lease() {
     let etcd = EtcdServer::start();
     let key = "etcd:killed-holder";
     let url = etcd.url();
-    let (mut holder, holder_fence) =
-        hold_in_process(env!("CARGO_BIN_EXE_dlock-holder"), &url, key, 2000, &[]).await;
+    let (mut holder, holder_fence) = hold_in_process(&url, key, 2000, &[]).await;
     let fence = holder_fence.expect("a fence") as i64;
     let held = only_holder(etcd.cluster(), key);
     assert_eq!(fence, held.create_revision, "the printed fence");
@@ -974,7 +965,7 @@ async fn waiter_frozen_until_its_lease_expired_never_gets_the_lock_beside_the_ho
     let (a, b) = (runtime(etcd.cluster()).await, runtime(etcd.cluster()).await);
     let guard_a = a.lock(key).held("A acquires").await;
     let url = etcd.url();
-    let mut frozen = tokio::process::Command::new(env!("CARGO_BIN_EXE_dlock-holder"))
+    let mut frozen = tokio::process::Command::new(dlock_tests::holder_bin())
         .args(["--url", &url, "--key", key, "--mode", "hold"])
         .args(["--lease-ms", "1000"])
         .stdin(std::process::Stdio::null())

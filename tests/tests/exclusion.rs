@@ -70,8 +70,6 @@ async fn processes_increment_counter_in_redis_exactly() {
     const ITERATIONS: u64 = 50;
     let server = RedisServer::start();
     let total = count_in_processes(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        "counter",
         &server.url(),
         &server,
         "exclusion:processes",

@@ -487,8 +487,7 @@ async fn killed_holder_process_frees_key_on_every_node_after_about_one_lease() {
     let nodes = Nodes::start(3);
     let key = "redlock:killed-holder";
     let url = nodes.redlock_url("node_timeout=500ms");
-    let (mut holder, holder_fence) =
-        hold_in_process(env!("CARGO_BIN_EXE_dlock-holder"), &url, key, 1000, &[]).await;
+    let (mut holder, holder_fence) = hold_in_process(&url, key, 1000, &[]).await;
     assert_eq!(holder_fence, None, "a Redlock holder has no fence to print");
     // Past the 1 s lease: the holder's watchdog keeps it on every node.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -882,16 +881,7 @@ async fn processes_on_redlock_increment_a_counter_exactly() {
     let (nodes, store) = (Nodes::start(3), RedisServer::start());
     let url = nodes.redlock_url("node_timeout=500ms");
     let key = "redlock:processes";
-    let total = count_in_processes(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        "counter",
-        &url,
-        &store,
-        key,
-        PROCESSES,
-        ITERATIONS,
-    )
-    .await;
+    let total = count_in_processes(&url, &store, key, PROCESSES, ITERATIONS).await;
     assert_eq!(total, PROCESSES * ITERATIONS);
     nodes
         .assert_on_every_live_node(key, false, "after every process released")

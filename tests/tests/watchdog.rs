@@ -49,14 +49,7 @@ async fn renewed_lock_hash_ttl_stays_within_the_lease() {
 async fn killed_holder_process_frees_key_after_about_one_lease() {
     let server = RedisServer::start();
     let key = "watchdog:killed-holder";
-    let (mut holder, holder_fence) = hold_in_process(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &server.url(),
-        key,
-        1000,
-        &[],
-    )
-    .await;
+    let (mut holder, holder_fence) = hold_in_process(&server.url(), key, 1000, &[]).await;
     let holder_fence = holder_fence.expect("a fence");
     // Past the 1 s lease: the holder's watchdog keeps it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -207,14 +200,7 @@ async fn transient_outage_shorter_than_lease_is_not_a_loss() {
 async fn paused_holder_process_loses_the_lock_and_learns_it_on_resume() {
     let server = RedisServer::start();
     let key = "watchdog:paused-holder";
-    let (mut holder, holder_fence) = hold_in_process(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &server.url(),
-        key,
-        1000,
-        &[],
-    )
-    .await;
+    let (mut holder, holder_fence) = hold_in_process(&server.url(), key, 1000, &[]).await;
     let holder_fence = holder_fence.expect("a fence");
     let rt = Runtime::from_url(&server.url()).await.expect("runtime");
     holder.pause();

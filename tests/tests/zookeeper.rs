@@ -98,8 +98,6 @@ async fn mutual_exclusion_across_three_processes_exact_counter() {
     let (zk, store) = (ZooKeeperServer::start(), RedisServer::start());
     let start = Instant::now();
     let total = count_in_processes(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        "counter",
         &zk.url(),
         &store,
         "zk:exclusion:processes",
@@ -160,8 +158,7 @@ async fn killed_holder_process_frees_the_key_after_the_session_timeout() {
     let rt = runtime(&zk).await;
     let key = "zk:kill9";
     let url = format!("{}?session_timeout=2s", zk.url());
-    let (mut holder, holder_fence) =
-        hold_in_process(env!("CARGO_BIN_EXE_dlock-holder"), &url, key, 2000, &[]).await;
+    let (mut holder, holder_fence) = hold_in_process(&url, key, 2000, &[]).await;
     let holder_fence = holder_fence.expect("a fence");
     assert_busy(&rt, key, "while the holder process lives").await;
     holder.kill9().await;
@@ -184,8 +181,7 @@ async fn stopped_holder_process_loses_its_session_and_another_acquires() {
     let rt = runtime(&zk).await;
     let key = "zk:sigstop";
     let url = format!("{}?session_timeout=1s", zk.url());
-    let (mut holder, holder_fence) =
-        hold_in_process(env!("CARGO_BIN_EXE_dlock-holder"), &url, key, 2000, &[]).await;
+    let (mut holder, holder_fence) = hold_in_process(&url, key, 2000, &[]).await;
     let holder_fence = holder_fence.expect("a fence");
     let rt2 = rt.clone();
     let waiter = tokio::spawn(async move {
