@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{Rng, Runtime};
+use tokio::task::JoinHandle;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{
@@ -100,6 +101,27 @@ pub(crate) async fn release_on_return_err_and_explicit_release(engine: Engine) {
     }
 }
 
+/// Spawns `with_lock` on `key` (30 s lease) whose body, once it runs, goes on with `then`;
+/// returns the task when the body runs and `other` finds the key busy.
+async fn spawn_holding<F>(
+    rt: &Runtime,
+    other: &Runtime,
+    key: &'static str,
+    then: F,
+) -> JoinHandle<Result<(), LockError>>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(with_lock(rt.lock(key).lease(LONG_LEASE), async move {
+        held_tx.send(()).expect("the test waits");
+        then.await;
+    }));
+    held_rx.await.expect("the body runs");
+    assert_busy(other, key, "inside the body").await;
+    task
+}
+
 /// A panic in the body, an aborted task and a dropped `with_lock` future all free the key
 /// within [`RELEASE_WITHIN`] (released from `Drop`).
 pub(crate) async fn release_on_panic_and_cancellation_while_holding(engine: Engine) {
@@ -107,39 +129,18 @@ pub(crate) async fn release_on_panic_and_cancellation_while_holding(engine: Engi
     let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
 
     let key = "conformance:exit:panic";
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let rt = rt.clone();
-        tokio::spawn(async move {
-            with_lock(rt.lock(key).lease(LONG_LEASE), async move {
-                held_tx.send(()).expect("the test waits");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                panic!("deliberate panic inside with_lock");
-            })
-            .await
-        })
-    };
-    held_rx.await.expect("the body runs");
-    assert_busy(&other, key, "inside the body").await;
+    let task = spawn_holding(&rt, &other, key, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        panic!("deliberate panic inside with_lock");
+    })
+    .await;
     let err = task.await.expect_err("the task panics");
     assert!(err.is_panic(), "{engine:?}: expected a panic, got {err}");
     let took = acquire_within(&other, key, RELEASE_WITHIN, "after the panic").await;
     println!("{engine:?}: another owner got the key {took:?} after the panic");
 
     let key = "conformance:exit:abort";
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let rt = rt.clone();
-        tokio::spawn(async move {
-            with_lock(rt.lock(key).lease(LONG_LEASE), async move {
-                held_tx.send(()).expect("the test waits");
-                std::future::pending::<()>().await;
-            })
-            .await
-        })
-    };
-    held_rx.await.expect("the body runs");
-    assert_busy(&other, key, "inside the body").await;
+    let task = spawn_holding(&rt, &other, key, std::future::pending()).await;
     task.abort();
     assert!(task.await.expect_err("aborted").is_cancelled());
     let took = acquire_within(&other, key, RELEASE_WITHIN, "after the abort").await;

@@ -97,45 +97,22 @@ pub(crate) async fn other_tasks_and_plain_acquires_are_other_owners(engine: Engi
 
     let key = "conformance:reentrancy:spawned";
     with_lock(rt.lock(key).lease(LONG_LEASE), async {
-        let spawned = {
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                rt.lock(key)
-                    .lease(LONG_LEASE)
-                    .wait(Duration::from_millis(300))
-                    .acquire()
-                    .await
-                    .map(drop)
-            })
+        // The chain is looked up when a task acquires, not when its lock is built.
+        let lock = || {
+            rt.lock(key)
+                .lease(LONG_LEASE)
+                .wait(Duration::from_millis(300))
         };
-        let err = spawned
-            .await
-            .expect("task")
-            .expect_err("a spawned task is another owner");
-        assert!(
-            err.is_timeout(),
-            "{engine:?}: expected Timeout, got {err:?}"
-        );
-        let spawned = {
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                with_lock(
-                    rt.lock(key)
-                        .lease(LONG_LEASE)
-                        .wait(Duration::from_millis(300)),
-                    async {},
-                )
-                .await
-            })
-        };
-        let err = spawned
-            .await
-            .expect("task")
-            .expect_err("a spawned task is another owner");
-        assert!(
-            err.is_timeout(),
-            "{engine:?}: expected Timeout, got {err:?}"
-        );
+        let (out, _) = lock().spawn().await.expect("task");
+        let acquired = out.map(drop);
+        let with_lock_in_task = tokio::spawn(with_lock(lock(), async {})).await;
+        for out in [acquired, with_lock_in_task.expect("task")] {
+            let err = out.expect_err("a spawned task is another owner");
+            assert!(
+                err.is_timeout(),
+                "{engine:?}: expected Timeout, got {err:?}"
+            );
+        }
     })
     .await
     .expect("outer");
