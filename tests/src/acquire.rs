@@ -193,6 +193,22 @@ where
     rounds
 }
 
+/// Awaits the tasks in order, giving each up to `within` once the previous one has finished;
+/// panics if one takes longer or panicked. Returns their outputs in order.
+pub async fn finish_within<T>(
+    tasks: impl IntoIterator<Item = JoinHandle<T>>,
+    within: Duration,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let joined = tokio::time::timeout(within, task)
+            .await
+            .unwrap_or_else(|_| panic!("task {i} did not finish within {within:?}"));
+        out.push(joined.unwrap_or_else(|e| panic!("task {i}: {e}")));
+    }
+    out
+}
+
 /// Asserts a lock's TTL on the server (`PTTL`, ms) is within its lease: `0 < PTTL <= lease`.
 #[track_caller]
 pub fn assert_ttl_within_lease(pttl: i64, lease: Duration, at: Duration) {

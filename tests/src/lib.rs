@@ -23,7 +23,7 @@ mod processes;
 
 pub use acquire::{
     AcquireExt, LONG_LEASE, acquire_within, assert_busy, assert_free, assert_ttl_within_lease,
-    hand_off, while_held,
+    finish_within, hand_off, while_held,
 };
 pub use processes::{
     count_in_attributed_processes, count_in_processes, hold_in_process, holder_bin,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_tests::cluster::{MASTERS, RedisCluster};
-use dlock_tests::{AcquireExt, hand_off};
+use dlock_tests::{AcquireExt, finish_within, hand_off};
 use dlock_tests::{
     LockGuard, RedisServer, Runtime, assert_between, count_in_processes, eventually, fence_key,
     hold_in_process, lock_key, released_channel,
@@ -172,12 +172,7 @@ async fn counter_stays_exact_with_three_runtimes_contending_on_every_shard() {
             }
         }
     }
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
-            .await
-            .expect("the contending tasks finish")
-            .expect("task");
-    }
+    finish_within(tasks, Duration::from_secs(60)).await;
     let expected = (RUNTIMES * TASKS_PER_RUNTIME) as u64 * ITERATIONS;
     for (key, master) in &keys {
         let counter = format!("counter:{{{key}}}");

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
-use dlock_tests::{AcquireExt, SetOnDrop, count_in_processes, hold_in_process, while_held};
+use dlock_tests::{
+    AcquireExt, SetOnDrop, count_in_processes, finish_within, hold_in_process, while_held,
+};
 use dlock_tests::{LockGuard, RedisServer, Runtime};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
@@ -228,12 +230,7 @@ async fn waiters_get_the_lock_in_arrival_order() {
 
     let released = Instant::now();
     holder.release().await.expect("A releases");
-    for waiter in waiters {
-        tokio::time::timeout(Duration::from_secs(10), waiter)
-            .await
-            .expect("every waiter finishes")
-            .expect("waiter panicked");
-    }
+    finish_within(waiters, Duration::from_secs(10)).await;
     let order = order.lock().unwrap().clone();
     let ids: Vec<usize> = order.iter().map(|r| r.0).collect();
     assert_eq!(ids, [1, 2, 3], "acquisition order must equal arrival order");

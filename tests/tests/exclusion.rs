@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::AcquireExt;
-use dlock_tests::{Backend, RedisServer, Runtime, count_in_processes, on_both_backends};
+use dlock_tests::{
+    Backend, RedisServer, Runtime, count_in_processes, finish_within, on_both_backends,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const TASKS: u64 = 50;
@@ -54,12 +56,7 @@ async fn tasks_increment_counter_in_redis_exactly() {
             })
         })
         .collect();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("tasks finish")
-            .expect("task succeeds");
-    }
+    finish_within(tasks, Duration::from_secs(120)).await;
     let total: u64 = server.query(redis::cmd("GET").arg(counter_key)).await;
     assert_eq!(total, TASKS * INCREMENTS);
 }

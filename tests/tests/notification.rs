@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::AcquireExt;
-use dlock_tests::{RedisServer, Runtime, eventually, released_channel};
+use dlock_tests::{RedisServer, Runtime, eventually, finish_within, released_channel};
 
 /// Long enough that a TTL-bounded retry cannot explain any wake-up in these tests.
 const LEASE: Duration = Duration::from_secs(30);
@@ -102,12 +102,7 @@ async fn local_waiters_on_one_key_share_one_subscription() {
         );
     }
     holder.release().await.expect("release");
-    for waiter in waiters {
-        tokio::time::timeout(Duration::from_secs(20), waiter)
-            .await
-            .expect("all waiters get the key in turn")
-            .expect("task");
-    }
+    finish_within(waiters, Duration::from_secs(20)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,12 +146,7 @@ async fn hot_key_handoffs(server: &RedisServer, runtimes: &[Runtime]) {
             })
         })
         .collect();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("hand-offs finish")
-            .expect("task");
-    }
+    finish_within(tasks, Duration::from_secs(120)).await;
     let scripts = server.script_calls().await - before;
     let acquisitions = TASKS * EACH;
     let per_acquisition = scripts as f64 / acquisitions as f64;

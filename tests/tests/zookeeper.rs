@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
-use dlock_tests::{AcquireExt, assert_busy, count_in_processes, hold_in_process, while_held};
+use dlock_tests::{
+    AcquireExt, assert_busy, count_in_processes, finish_within, hold_in_process, while_held,
+};
 use dlock_tests::{RedisServer, Runtime, assert_between, eventually};
 
 /// Bound on anything that should happen "at once" (a hand-off, a background release).
@@ -142,12 +144,7 @@ async fn waiters_acquire_in_arrival_order() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     holder.release().await.expect("holder release");
-    for waiter in waiters {
-        tokio::time::timeout(Duration::from_secs(10), waiter)
-            .await
-            .expect("waiters finish")
-            .expect("waiter task");
-    }
+    finish_within(waiters, Duration::from_secs(10)).await;
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2], "FIFO order");
     assert!(queue_of(&zk, key).is_empty());
 }

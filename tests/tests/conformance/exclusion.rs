@@ -1,6 +1,7 @@
 //! Mutual exclusion across processes: contenders on several runtimes never overlap, and a
 //! read-sleep-write counter they share ends exact.
 
+use dlock_tests::finish_within;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -47,12 +48,7 @@ pub(crate) async fn mutual_exclusion_with_many_contenders(engine: Engine) {
             }));
         }
     }
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("the contenders finish")
-            .expect("a contender panicked");
-    }
+    finish_within(tasks, Duration::from_secs(120)).await;
     assert_eq!(
         counter.load(Ordering::SeqCst),
         (RUNTIMES * TASKS_PER_RUNTIME) as u64 * ITERATIONS,

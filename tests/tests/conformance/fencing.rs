@@ -9,7 +9,7 @@ use dlock_runtime::{current_fence, with_lock};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::LONG_LEASE;
-use dlock_tests::AcquireExt;
+use dlock_tests::{AcquireExt, finish_within};
 
 /// Checks one holder's token: `Some` where the engine gives fences, `None` on Redlock.
 #[track_caller]
@@ -83,12 +83,7 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
             })
         })
         .collect();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("the contenders finish")
-            .expect("a contender panicked");
-    }
+    finish_within(tasks, Duration::from_secs(120)).await;
     let seen = seen.lock().expect("not poisoned").clone();
     assert_eq!(seen.len(), 50);
     for fence in &seen {
