@@ -1,6 +1,7 @@
 //! Acquisition shorthands: one line per expected outcome, the failure naming what was expected.
 
 use std::future::Future;
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -28,12 +29,12 @@ pub trait AcquireExt {
     /// Acquires in a spawned task (another owner); the task returns the outcome and when it
     /// came.
     fn spawn(self) -> JoinHandle<(Result<LockGuard, LockError>, Instant)>;
-    /// Acquires, and asserts it took between `min` and `max` from the call (e.g. after a
-    /// holder was killed: about its lease); panics with `what` otherwise.
+    /// Acquires, waiting up to 5 s past the end of `bounds`, and asserts it took a time within
+    /// `bounds` from the call (e.g. after a holder was killed: about its lease); panics with
+    /// `what` otherwise.
     fn held_between(
         self,
-        min: Duration,
-        max: Duration,
+        bounds: RangeInclusive<Duration>,
         what: &str,
     ) -> impl Future<Output = LockGuard> + Send;
 }
@@ -69,14 +70,14 @@ impl AcquireExt for LockBuilder {
 
     fn held_between(
         self,
-        min: Duration,
-        max: Duration,
+        bounds: RangeInclusive<Duration>,
         what: &str,
     ) -> impl Future<Output = LockGuard> + Send {
         let what = what.to_owned();
         async move {
+            let (min, max) = bounds.into_inner();
             let start = Instant::now();
-            let guard = self.held(&what).await;
+            let guard = self.wait(max + Duration::from_secs(5)).held(&what).await;
             let took = start.elapsed();
             println!("{what}: acquired after {took:?}");
             crate::assert_between(&what, took, min, max);

@@ -25,9 +25,7 @@ pub use acquire::{
     AcquireExt, LONG_LEASE, acquire_within, assert_busy, assert_free, assert_ttl_within_lease,
     finish_within, hand_off, while_held,
 };
-pub use processes::{
-    count_in_attributed_processes, count_in_processes, hold_in_process, holder_bin,
-};
+pub use processes::{Counting, count_in_processes, hold_in_process, holder_bin};
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub use dlock_testkit::redis::{

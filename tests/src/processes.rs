@@ -63,40 +63,30 @@ pub async fn hold_in_process(
     (holder, fence)
 }
 
-/// Runs `processes` `dlock-holder --mode counter` on `url`: each increments the counter `counter:<key>` on `store` `iterations`
-/// times (GET, sleep 1 ms, SET) holding `key`. Asserts every process prints `done <iterations>`
-/// and exits successfully within 120 s; returns the counter, which is exact only under mutual
-/// exclusion.
+/// How a `dlock-holder` increments its counter.
+#[derive(Debug, Clone, Copy)]
+pub enum Counting {
+    /// `--mode counter`: under a guard from `Runtime::lock`.
+    Guard,
+    /// `--mode attr-counter`: inside a `#[distributed_lock]` fn.
+    Attribute,
+}
+
+/// Runs `processes` `dlock-holder`s on `url`: each increments the counter `counter:<key>` on
+/// `store` `iterations` times (GET, sleep 1 ms, SET) holding `key`, the way `counting` says.
+/// Asserts every process prints `done <iterations>` and exits successfully within 120 s;
+/// returns the counter, which is exact only under mutual exclusion.
 pub async fn count_in_processes(
+    counting: Counting,
     url: &str,
     store: &RedisServer,
     key: &str,
-    processes: u64,
-    iterations: u64,
+    (processes, iterations): (u64, u64),
 ) -> u64 {
-    count_in_mode("counter", url, store, key, processes, iterations).await
-}
-
-/// [`count_in_processes`] with the increment inside a `#[distributed_lock]` fn
-/// (`--mode attr-counter`).
-pub async fn count_in_attributed_processes(
-    url: &str,
-    store: &RedisServer,
-    key: &str,
-    processes: u64,
-    iterations: u64,
-) -> u64 {
-    count_in_mode("attr-counter", url, store, key, processes, iterations).await
-}
-
-async fn count_in_mode(
-    mode: &str,
-    url: &str,
-    store: &RedisServer,
-    key: &str,
-    processes: u64,
-    iterations: u64,
-) -> u64 {
+    let mode = match counting {
+        Counting::Guard => "counter",
+        Counting::Attribute => "attr-counter",
+    };
     let (store_url, counter) = (store.url(), format!("counter:{key}"));
     let iterations_arg = iterations.to_string();
     let args = [

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockError, current_fence, distributed_lock, lock, with_lock};
 use dlock_tests::AcquireExt;
 use dlock_tests::{
-    Backend, Engine, RedisServer, Runtime, assert_between, count_in_attributed_processes, lock_key,
+    Backend, Counting, Engine, RedisServer, Runtime, assert_between, count_in_processes, lock_key,
     on_both_backends,
 };
 use redis::aio::MultiplexedConnection;
@@ -152,18 +152,13 @@ async fn attribute_excludes_50_tasks_in_a_non_atomic_redis_increment(b: Backend)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attribute_excludes_four_processes_in_a_non_atomic_redis_increment() {
-    const PROCESSES: u64 = 4;
-    const ITERATIONS: u64 = 50;
+    const RUNS: (u64, u64) = (4, 50);
     let server = RedisServer::start();
     let key = "attr:processes";
     // Each process runs the increment inside an annotated fn on its installed runtime.
-    let total =
-        count_in_attributed_processes(&server.url(), &server, key, PROCESSES, ITERATIONS).await;
-    assert_eq!(
-        total,
-        PROCESSES * ITERATIONS,
-        "lost updates across processes"
-    );
+    let url = server.url();
+    let total = count_in_processes(Counting::Attribute, &url, &server, key, RUNS).await;
+    assert_eq!(total, RUNS.0 * RUNS.1, "lost updates across processes");
     assert!(!server.exists(&lock_key(key)).await);
 }
 

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use dlock_tests::cluster::{MASTERS, RedisCluster};
 use dlock_tests::{AcquireExt, finish_within, hand_off};
 use dlock_tests::{
-    LockGuard, RedisServer, Runtime, assert_between, count_in_processes, eventually, fence_key,
-    hold_in_process, lock_key, released_channel,
+    Counting, LockGuard, RedisServer, Runtime, assert_between, count_in_processes, eventually,
+    fence_key, hold_in_process, lock_key, released_channel,
 };
 
 /// Long enough that a TTL-bounded retry cannot explain a wake-up, and that no lease runs out
@@ -209,15 +209,9 @@ async fn holder_process_on_a_cluster_url_excludes_until_killed() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     holder.kill9().await;
-    let guard = rt
-        .lock(key.as_str())
-        .wait(Duration::from_secs(10))
-        .held_between(
-            Duration::from_millis(300),
-            Duration::from_millis(3000),
-            "acquire after kill -9 of a holder process with lease 1 s",
-        )
-        .await;
+    let bounds = Duration::from_millis(300)..=Duration::from_millis(3000);
+    let what = "acquire after kill -9 of a holder process (lease 1 s)";
+    let guard = rt.lock(key.as_str()).held_between(bounds, what).await;
     let fence = guard.fence().expect("fence");
     assert!(
         fence > holder_fence,
@@ -793,16 +787,9 @@ async fn frozen_master_does_not_block_first_locks_on_the_other_shards() {
 /// a separate plain redis-server (GET, sleep, SET: exact only under mutual exclusion).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_on_the_cluster_increment_a_counter_exactly() {
-    const PROCESSES: u64 = 3;
-    const ITERATIONS: u64 = 30;
+    const RUNS: (u64, u64) = (3, 30);
     let (cluster, store) = (RedisCluster::start(), RedisServer::start());
-    let total = count_in_processes(
-        &cluster.url(),
-        &store,
-        "cluster:processes",
-        PROCESSES,
-        ITERATIONS,
-    )
-    .await;
-    assert_eq!(total, PROCESSES * ITERATIONS);
+    let (url, key) = (cluster.url(), "cluster:processes");
+    let total = count_in_processes(Counting::Guard, &url, &store, key, RUNS).await;
+    assert_eq!(total, RUNS.0 * RUNS.1);
 }

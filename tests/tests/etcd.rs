@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
 use dlock_tests::{
-    AcquireExt, SetOnDrop, count_in_processes, finish_within, hold_in_process, while_held,
+    AcquireExt, Counting, SetOnDrop, count_in_processes, finish_within, hold_in_process, while_held,
 };
 use dlock_tests::{LockGuard, RedisServer, Runtime};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -163,17 +163,13 @@ fn summary(errors: &[String]) -> String {
 /// redis-server (GET, sleep 1 ms, SET: exact only under mutual exclusion).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_increment_a_counter_exactly() {
-    const PROCESSES: u64 = 3;
-    const ITERATIONS: u64 = 20;
+    const RUNS: (u64, u64) = (3, 20);
     let (etcd, store) = (EtcdServer::start(), RedisServer::start());
     let start = Instant::now();
-    let total =
-        count_in_processes(&etcd.url(), &store, "etcd:processes", PROCESSES, ITERATIONS).await;
-    println!(
-        "{PROCESSES} processes x {ITERATIONS} increments in {:?}",
-        start.elapsed()
-    );
-    assert_eq!(total, PROCESSES * ITERATIONS);
+    let (url, key) = (etcd.url(), "etcd:processes");
+    let total = count_in_processes(Counting::Guard, &url, &store, key, RUNS).await;
+    println!("{RUNS:?} processes x increments in {:?}", start.elapsed());
+    assert_eq!(total, RUNS.0 * RUNS.1);
     assert!(queue(etcd.cluster(), "etcd:processes").is_empty());
 }
 
@@ -471,15 +467,9 @@ async fn killed_holder_process_frees_the_lock_after_about_its_lease() {
 
     let rt = runtime(etcd.cluster()).await;
     holder.kill9().await;
-    let guard = rt
-        .lock(key)
-        .wait(Duration::from_secs(10))
-        .held_between(
-            Duration::from_secs(1),
-            Duration::from_secs(6),
-            "acquire after kill -9 of an etcd holder with lease 2 s",
-        )
-        .await;
+    let bounds = Duration::from_secs(1)..=Duration::from_secs(6);
+    let what = "acquire after kill -9 of an etcd holder (lease 2 s)";
+    let guard = rt.lock(key).held_between(bounds, what).await;
     assert!(!lease_alive(etcd.cluster(), held.lease));
     assert!(guard.fence().expect("fence") as i64 > fence);
     guard.release().await.expect("release");

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::AcquireExt;
 use dlock_tests::{
-    Backend, RedisServer, Runtime, count_in_processes, finish_within, on_both_backends,
+    Backend, Counting, RedisServer, Runtime, count_in_processes, finish_within, on_both_backends,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -63,18 +63,11 @@ async fn tasks_increment_counter_in_redis_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_increment_counter_in_redis_exactly() {
-    const PROCESSES: u64 = 4;
-    const ITERATIONS: u64 = 50;
+    const RUNS: (u64, u64) = (4, 50);
     let server = RedisServer::start();
-    let total = count_in_processes(
-        &server.url(),
-        &server,
-        "exclusion:processes",
-        PROCESSES,
-        ITERATIONS,
-    )
-    .await;
-    assert_eq!(total, PROCESSES * ITERATIONS);
+    let (url, key) = (server.url(), "exclusion:processes");
+    let total = count_in_processes(Counting::Guard, &url, &server, key, RUNS).await;
+    assert_eq!(total, RUNS.0 * RUNS.1);
 }
 
 async fn wait_zero_is_one_attempt(b: Backend) {

@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{AcquireExt, SetOnDrop, count_in_processes, hold_in_process};
+use dlock_tests::{
+    AcquireExt, Counting, LONG_LEASE, SetOnDrop, count_in_processes, hold_in_process,
+};
 use dlock_tests::{RedisServer, Runtime, assert_between, eventually, lock_key, released_channel};
 
 /// Per-node timeout of the tests that are not about timing: a loaded box must not turn a
@@ -507,15 +509,12 @@ async fn killed_holder_process_frees_key_on_every_node_after_about_one_lease() {
 
     let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     holder.kill9().await;
+    let bounds = Duration::from_millis(400)..=Duration::from_secs(4);
+    let what = "acquire after kill -9 of a Redlock holder (lease 1 s)";
     let guard = rt
         .lock(key)
-        .lease(Duration::from_secs(30))
-        .wait(Duration::from_secs(10))
-        .held_between(
-            Duration::from_millis(400),
-            Duration::from_secs(4),
-            "acquire after kill -9 of a Redlock holder with lease 1 s",
-        )
+        .lease(LONG_LEASE)
+        .held_between(bounds, what)
         .await;
     for (i, _) in nodes.live() {
         assert_ne!(
@@ -876,13 +875,12 @@ async fn waiter_subscribes_on_every_node() {
 /// mutual exclusion).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_on_redlock_increment_a_counter_exactly() {
-    const PROCESSES: u64 = 3;
-    const ITERATIONS: u64 = 30;
+    const RUNS: (u64, u64) = (3, 30);
     let (nodes, store) = (Nodes::start(3), RedisServer::start());
     let url = nodes.redlock_url("node_timeout=500ms");
     let key = "redlock:processes";
-    let total = count_in_processes(&url, &store, key, PROCESSES, ITERATIONS).await;
-    assert_eq!(total, PROCESSES * ITERATIONS);
+    let total = count_in_processes(Counting::Guard, &url, &store, key, RUNS).await;
+    assert_eq!(total, RUNS.0 * RUNS.1);
     nodes
         .assert_on_every_live_node(key, false, "after every process released")
         .await;

@@ -19,7 +19,8 @@ use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{
-    AcquireExt, assert_busy, count_in_processes, finish_within, hold_in_process, while_held,
+    AcquireExt, Counting, assert_busy, count_in_processes, finish_within, hold_in_process,
+    while_held,
 };
 use dlock_tests::{RedisServer, Runtime, assert_between, eventually};
 
@@ -95,27 +96,13 @@ async fn queue_len(zk: &ZooKeeperServer, key: &str, len: usize, within: Duration
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_across_three_processes_exact_counter() {
-    const PROCESSES: u64 = 3;
-    const ITERATIONS: u64 = 20;
+    const RUNS: (u64, u64) = (3, 20);
     let (zk, store) = (ZooKeeperServer::start(), RedisServer::start());
     let start = Instant::now();
-    let total = count_in_processes(
-        &zk.url(),
-        &store,
-        "zk:exclusion:processes",
-        PROCESSES,
-        ITERATIONS,
-    )
-    .await;
-    println!(
-        "{PROCESSES} processes x {ITERATIONS} increments in {:?}",
-        start.elapsed()
-    );
-    assert_eq!(
-        total,
-        PROCESSES * ITERATIONS,
-        "lost increments: no exclusion"
-    );
+    let (url, key) = (zk.url(), "zk:exclusion:processes");
+    let total = count_in_processes(Counting::Guard, &url, &store, key, RUNS).await;
+    println!("{RUNS:?} processes x increments in {:?}", start.elapsed());
+    assert_eq!(total, RUNS.0 * RUNS.1, "lost increments: no exclusion");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,15 +146,9 @@ async fn killed_holder_process_frees_the_key_after_the_session_timeout() {
     let holder_fence = holder_fence.expect("a fence");
     assert_busy(&rt, key, "while the holder process lives").await;
     holder.kill9().await;
-    let guard = rt
-        .lock(key)
-        .wait(Duration::from_secs(20))
-        .held_between(
-            Duration::from_secs(1),
-            Duration::from_secs(8),
-            "free after kill -9 with a 2 s session",
-        )
-        .await;
+    let bounds = Duration::from_secs(1)..=Duration::from_secs(8);
+    let what = "free after kill -9 with a 2 s session";
+    let guard = rt.lock(key).held_between(bounds, what).await;
     assert!(guard.fence().expect("fence") > holder_fence);
     guard.release().await.expect("release");
 }
