@@ -5,8 +5,24 @@ use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockBuilder, LockError, LockGuard, Runtime, with_lock};
+use dlock_runtime::{LockBuilder, LockError, LockGuard, Runtime, RuntimeBuilder, with_lock};
 use tokio::task::JoinHandle;
+
+/// Building a runtime a test needs.
+pub trait BuildExt {
+    /// Builds the runtime; panics with the error if that fails.
+    fn built(self) -> impl Future<Output = Runtime> + Send;
+}
+
+impl BuildExt for RuntimeBuilder {
+    fn built(self) -> impl Future<Output = Runtime> + Send {
+        async move {
+            self.build()
+                .await
+                .unwrap_or_else(|e| panic!("build a runtime: {e:?}"))
+        }
+    }
+}
 
 /// The outcomes a test expects of [`LockBuilder::acquire`].
 pub trait AcquireExt {

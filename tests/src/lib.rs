@@ -22,8 +22,8 @@ mod acquire;
 mod processes;
 
 pub use acquire::{
-    AcquireExt, LONG_LEASE, acquire_within, assert_busy, assert_free, assert_ttl_within_lease,
-    finish_within, hand_off, while_held,
+    AcquireExt, BuildExt, LONG_LEASE, acquire_within, assert_busy, assert_free,
+    assert_ttl_within_lease, finish_within, hand_off, while_held,
 };
 pub use processes::{Counting, count_in_processes, hold_in_process, holder_bin};
 
@@ -55,11 +55,7 @@ pub struct Backend {
 impl Backend {
     /// An in-process `memory://` runtime.
     pub async fn memory() -> Backend {
-        let rt = Runtime::builder()
-            .memory()
-            .build()
-            .await
-            .expect("build a memory runtime");
+        let rt = Runtime::builder().memory().built().await;
         Backend {
             engine: Engine::Memory,
             rt,
@@ -70,11 +66,7 @@ impl Backend {
     /// A fresh `redis-server` and a runtime connected to it.
     pub async fn redis() -> Backend {
         let server = RedisServer::start();
-        let rt = Runtime::builder()
-            .redis(server.url())
-            .build()
-            .await
-            .expect("build a redis runtime");
+        let rt = Runtime::builder().redis(server.url()).built().await;
         Backend {
             engine: Engine::Redis,
             rt,
@@ -86,11 +78,7 @@ impl Backend {
     /// Redis; the same runtime on memory (whose state lives in the runtime).
     pub async fn other_runtime(&self) -> Runtime {
         match &self.server {
-            Some(server) => Runtime::builder()
-                .redis(server.url())
-                .build()
-                .await
-                .expect("build a second redis runtime"),
+            Some(server) => Runtime::builder().redis(server.url()).built().await,
             None => self.rt.clone(),
         }
     }

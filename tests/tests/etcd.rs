@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
 use dlock_tests::{
-    AcquireExt, Counting, SetOnDrop, count_in_processes, finish_within, hold_in_process, while_held,
+    AcquireExt, BuildExt, Counting, SetOnDrop, count_in_processes, finish_within, hold_in_process,
+    while_held,
 };
 use dlock_tests::{LockGuard, RedisServer, Runtime};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -142,11 +143,7 @@ async fn wait_until_released(
 
 /// A runtime on every member of `etcd`, default options.
 async fn runtime(etcd: &EtcdCluster) -> Runtime {
-    Runtime::builder()
-        .etcd(etcd.endpoints())
-        .build()
-        .await
-        .expect("build an etcd runtime")
+    Runtime::builder().etcd(etcd.endpoints()).built().await
 }
 
 /// `errors` in short: how many, and the first three (an etcd error carries its whole cause).
@@ -852,9 +849,8 @@ async fn cluster_with_one_follower_killed_keeps_serving_every_lock_operation() {
     let rt = Runtime::builder()
         .etcd(cluster.endpoints())
         .timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     // Some traffic first, so that connections to every member are live when one dies.
     for _ in 0..6 {
         rt.lock("etcd:warm-up").cycled("warm-up acquire").await;
@@ -1105,9 +1101,8 @@ async fn unreachable_endpoints_are_backend_errors_within_the_timeout() {
     let rt = Runtime::builder()
         .etcd(etcd.endpoints())
         .timeout(timeout)
-        .build()
-        .await
-        .expect("build while the server answers");
+        .built()
+        .await;
     blocking(|| etcd.pause());
     let start = Instant::now();
     let err = Runtime::builder()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::LockError;
 use dlock_tests::AcquireExt;
-use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
+use dlock_tests::{BuildExt, RedisServer, Runtime, assert_between, lock_key};
 
 const LEASE: Duration = Duration::from_secs(30);
 /// Runtime timeout in the fault tests, and the bound they allow for a `Backend` error.
@@ -21,9 +21,8 @@ async fn working_before_the_fault(key: &str) -> (RedisServer, Runtime) {
     let rt = Runtime::builder()
         .redis(server.url())
         .timeout(TIMEOUT)
-        .build()
-        .await
-        .expect("runtime");
+        .built()
+        .await;
     rt.lock(key).cycled("before the fault").await;
     (server, rt)
 }
@@ -151,9 +150,8 @@ async fn backend_error_from_an_unanswered_request_keeps_a_source() {
     let rt = Runtime::builder()
         .redis(server.url())
         .timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .expect("runtime");
+        .built()
+        .await;
     let key = "faults:timeout-source";
     rt.lock(key).cycled("before").await;
     server.pause();

@@ -6,16 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_runtime::{LockError, current_fence, with_lock};
-use dlock_tests::AcquireExt;
 use dlock_tests::Runtime;
+use dlock_tests::{AcquireExt, BuildExt};
 
 async fn memory_runtime(prefix: &str) -> Runtime {
-    Runtime::builder()
-        .memory()
-        .key_prefix(prefix)
-        .build()
-        .await
-        .expect("memory runtime")
+    Runtime::builder().memory().key_prefix(prefix).built().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

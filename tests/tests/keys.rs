@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_tests::AcquireExt;
-use dlock_tests::{Backend, RedisServer, Runtime, on_both_backends};
+use dlock_tests::{Backend, BuildExt, RedisServer, Runtime, on_both_backends};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -65,9 +65,8 @@ async fn custom_key_prefix_is_used_and_separates_namespaces() {
     let app1 = Runtime::builder()
         .redis(server.url())
         .key_prefix("app1:")
-        .build()
-        .await
-        .expect("runtime");
+        .built()
+        .await;
     assert_eq!(app1.key_prefix(), "app1:");
     let default = Runtime::from_url(&server.url()).await.expect("runtime");
     assert_eq!(default.key_prefix(), "dlock:");

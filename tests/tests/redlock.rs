@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{
-    AcquireExt, Counting, LONG_LEASE, SetOnDrop, count_in_processes, hold_in_process,
+    AcquireExt, BuildExt, Counting, LONG_LEASE, SetOnDrop, count_in_processes, hold_in_process,
 };
 use dlock_tests::{RedisServer, Runtime, assert_between, eventually, lock_key, released_channel};
 
@@ -70,9 +70,8 @@ impl Nodes {
         Runtime::builder()
             .redlock(self.urls())
             .node_timeout(node_timeout)
-            .build()
+            .built()
             .await
-            .expect("build a redlock runtime")
     }
 
     /// kill -9 of node `i`.

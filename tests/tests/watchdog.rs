@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::AcquireExt;
 use dlock_tests::{
-    RedisServer, Runtime, assert_between, assert_ttl_within_lease, hold_in_process, lock_key,
-    while_held,
+    BuildExt, RedisServer, Runtime, assert_between, assert_ttl_within_lease, hold_in_process,
+    lock_key, while_held,
 };
 
 /// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it
@@ -131,9 +131,8 @@ async fn redis_paused_past_lease_is_lost_within_lease_plus_timeout() {
     let rt = Runtime::builder()
         .redis(server.url())
         .timeout(timeout)
-        .build()
-        .await
-        .expect("runtime");
+        .built()
+        .await;
     let key = "watchdog:paused";
     let guard = rt.lock(key).lease(lease).held("acquire").await;
     server.pause();
@@ -158,9 +157,8 @@ async fn transient_outage_shorter_than_lease_is_not_a_loss() {
     let rt = Runtime::builder()
         .redis(server.url())
         .timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .expect("runtime");
+        .built()
+        .await;
     let key = "watchdog:transient";
     let guard = rt
         .lock(key)

@@ -19,8 +19,8 @@ use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{
-    AcquireExt, Counting, assert_busy, count_in_processes, finish_within, hold_in_process,
-    while_held,
+    AcquireExt, BuildExt, Counting, assert_busy, count_in_processes, finish_within,
+    hold_in_process, while_held,
 };
 use dlock_tests::{RedisServer, Runtime, assert_between, eventually};
 
@@ -32,9 +32,8 @@ async fn zk_runtime(zk: &ZooKeeperServer, session_timeout: Duration) -> Runtime 
     Runtime::builder()
         .zookeeper(zk.connect_string())
         .session_timeout(session_timeout)
-        .build()
+        .built()
         .await
-        .expect("build a zookeeper runtime")
 }
 
 /// A runtime with the default 10 s session timeout.
@@ -529,9 +528,8 @@ async fn paused_server_is_a_backend_error_within_the_timeout() {
     let rt = Runtime::builder()
         .zookeeper(zk.connect_string())
         .timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .expect("runtime");
+        .built()
+        .await;
     zk.pause();
     let start = Instant::now();
     let built = tokio::time::timeout(
