@@ -65,8 +65,7 @@ impl Backend {
 
     /// A fresh `redis-server` and a runtime connected to it.
     pub async fn redis() -> Backend {
-        let server = RedisServer::start();
-        let rt = Runtime::builder().redis(server.url()).built().await;
+        let (server, rt) = redis_with_runtime().await;
         Backend {
             engine: Engine::Redis,
             rt,
@@ -119,6 +118,13 @@ impl Backend {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+}
+
+/// A fresh `redis-server` and a runtime on it with default options.
+pub async fn redis_with_runtime() -> (RedisServer, Runtime) {
+    let server = RedisServer::start();
+    let rt = Runtime::builder().redis(server.url()).built().await;
+    (server, rt)
 }
 
 /// Generates `mod on_memory` and `mod on_redis`, each with one

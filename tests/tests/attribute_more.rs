@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockError, current_fence, distributed_lock, lock, with_lock};
 use dlock_tests::AcquireExt;
 use dlock_tests::{
-    Backend, Counting, Engine, RedisServer, Runtime, assert_between, count_in_processes, lock_key,
-    on_both_backends,
+    Backend, Counting, Engine, RedisServer, assert_between, count_in_processes, lock_key,
+    on_both_backends, redis_with_runtime,
 };
 use redis::aio::MultiplexedConnection;
 use tokio::sync::oneshot;
@@ -237,8 +237,7 @@ async fn fence_seen_inside(id: u64, server: &RedisServer) -> Result<FenceReading
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attribute_current_fence_equals_fence_in_redis_and_is_none_after() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     rt.scope(async {
         assert_eq!(current_fence(), None, "no lock held yet");
         let mut previous = 0;

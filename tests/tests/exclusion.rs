@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::AcquireExt;
 use dlock_tests::{
-    Backend, Counting, RedisServer, Runtime, count_in_processes, finish_within, on_both_backends,
+    Backend, Counting, RedisServer, count_in_processes, finish_within, on_both_backends,
+    redis_with_runtime,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -19,8 +20,7 @@ on_both_backends!(wait_zero_is_one_attempt);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_increment_counter_in_redis_exactly() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "exclusion:redis-counter";
     let counter_key = "counter:redis-counter";
     let tasks: Vec<_> = (0..TASKS)

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::LockError;
 use dlock_tests::AcquireExt;
-use dlock_tests::{BuildExt, RedisServer, Runtime, assert_between, lock_key};
+use dlock_tests::{BuildExt, RedisServer, Runtime, assert_between, lock_key, redis_with_runtime};
 
 const LEASE: Duration = Duration::from_secs(30);
 /// Runtime timeout in the fault tests, and the bound they allow for a `Backend` error.
@@ -50,8 +50,7 @@ fn assert_backend_error(err: &LockError, key: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_while_running_keeps_locks_working() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "faults:flush";
     // A hold that spans the flush: its renewals and its release need the scripts again.
     let held = rt

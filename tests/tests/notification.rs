@@ -7,15 +7,16 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::AcquireExt;
-use dlock_tests::{RedisServer, Runtime, eventually, finish_within, released_channel};
+use dlock_tests::{
+    RedisServer, Runtime, eventually, finish_within, redis_with_runtime, released_channel,
+};
 
 /// Long enough that a TTL-bounded retry cannot explain any wake-up in these tests.
 const LEASE: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_does_not_poll_while_the_key_is_held() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "notify:no-poll";
     let holder_rt = Runtime::from_url(&server.url()).await.expect("runtime");
     let holder = holder_rt.lock(key).lease(LEASE).held("holder").await;
@@ -64,8 +65,7 @@ async fn subscribed_clients(server: &RedisServer) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_waiters_on_one_key_share_one_subscription() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "notify:shared-subscription";
     let holder = rt.lock(key).lease(LEASE).held("holder").await;
     let waiters: Vec<_> = (0..10)
@@ -107,8 +107,7 @@ async fn local_waiters_on_one_key_share_one_subscription() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_key_handoffs_do_not_stampede_the_server() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     hot_key_handoffs(&server, &[rt]).await;
 }
 

@@ -11,15 +11,14 @@ use std::time::{Duration, Instant};
 use dlock_tests::AcquireExt;
 use dlock_tests::{
     BuildExt, RedisServer, Runtime, assert_between, assert_ttl_within_lease, hold_in_process,
-    lock_key, while_held,
+    lock_key, redis_with_runtime, while_held,
 };
 
 /// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it
 /// never has more than 1 s left and never runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewed_lock_hash_ttl_stays_within_the_lease() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "watchdog:renewed";
     let guard = rt
         .lock(key)
@@ -71,8 +70,7 @@ async fn killed_holder_process_frees_key_after_about_one_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_overwritten_is_lost_and_the_new_owner_survives_release() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "watchdog:overwritten";
     let hash = lock_key(key);
     let guard = rt
