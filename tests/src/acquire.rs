@@ -15,12 +15,10 @@ pub trait BuildExt {
 }
 
 impl BuildExt for RuntimeBuilder {
-    fn built(self) -> impl Future<Output = Runtime> + Send {
-        async move {
-            self.build()
-                .await
-                .unwrap_or_else(|e| panic!("build a runtime: {e:?}"))
-        }
+    async fn built(self) -> Runtime {
+        self.build()
+            .await
+            .unwrap_or_else(|e| panic!("build a runtime: {e:?}"))
     }
 }
 
