@@ -31,6 +31,8 @@ pub trait AcquireExt {
     fn refused(self, what: &str) -> impl Future<Output = LockError> + Send;
     /// Expects `LockError::Timeout`; panics with `what` on success or any other error.
     fn times_out(self, what: &str) -> impl Future<Output = LockError> + Send;
+    /// Expects `LockError::InvalidConfig`; panics with `what` on success or any other error.
+    fn invalid_config(self, what: &str) -> impl Future<Output = LockError> + Send;
     /// Acquires and releases at once; panics with `what` and the error if either fails.
     fn cycled(self, what: &str) -> impl Future<Output = ()> + Send;
     /// Runs `with_lock` on this lock and a body that must never run; expects an error within
@@ -96,6 +98,18 @@ impl AcquireExt for LockBuilder {
             println!("{what}: acquired after {took:?}");
             crate::assert_between(&what, took, min, max);
             guard
+        }
+    }
+
+    fn invalid_config(self, what: &str) -> impl Future<Output = LockError> + Send {
+        let what = what.to_owned();
+        async move {
+            let err = self.refused(&what).await;
+            assert!(
+                err.is_invalid_config(),
+                "{what}: expected InvalidConfig, got {err:?}"
+            );
+            err
         }
     }
 
