@@ -247,6 +247,32 @@ pub fn assert_ttl_within_lease(pttl: i64, lease: Duration, at: Duration) {
     );
 }
 
+/// `rounds` times: a holder on `holder_rt` (30 s lease), a waiter on `rt` that finds the key
+/// busy and sleeps; the release must hand the key to the waiter within `bound` (see
+/// [`hand_off`]), long before the lease.
+pub async fn release_wakes_the_waiter(
+    holder_rt: &Runtime,
+    rt: &Runtime,
+    key: &str,
+    (rounds, bound): (u32, Duration),
+    what: &str,
+) {
+    for round in 0..rounds {
+        let holder = holder_rt.lock(key).lease(LONG_LEASE).held("holder").await;
+        let waiter = rt.lock(key).lease(LONG_LEASE).wait(Duration::from_secs(20));
+        let waiter = waiter.spawn();
+        // Let the waiter find the key busy and go to sleep.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiter.is_finished(),
+            "{what} round {round}: the waiter got a held key"
+        );
+        let what = format!("{what} round {round}");
+        let guard = hand_off(holder, waiter, bound, &what).await;
+        guard.release().await.expect("release");
+    }
+}
+
 /// Releases `holder`, then awaits `waiter` (from [`AcquireExt::spawn`]) and asserts it held the
 /// key within `bound` of the release (the holder's lease is far longer: a notification woke
 /// it). Returns the waiter's guard.

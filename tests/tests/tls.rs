@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{AcquireExt, assert_ttl_within_lease, hand_off, while_held};
+use dlock_tests::{AcquireExt, assert_ttl_within_lease, release_wakes_the_waiter, while_held};
 use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
 
 /// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
@@ -73,23 +73,8 @@ async fn tls_release_wakes_waiter_in_other_runtime_within_500_ms() {
     let holder_rt = tls_runtime(&server).await;
     let waiter_rt = tls_runtime(&server).await;
     let key = "tls:notify";
-    for round in 0..3 {
-        let holder = holder_rt.lock(key).lease(LEASE).held("holder").await;
-        let waiter = waiter_rt
-            .lock(key)
-            .lease(LEASE)
-            .wait(Duration::from_secs(20))
-            .spawn();
-        // Let the waiter find the key busy and go to sleep (bounded by the 30 s TTL).
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(
-            !waiter.is_finished(),
-            "round {round}: the waiter got a held key"
-        );
-        let what = format!("TLS round {round}");
-        let guard = hand_off(holder, waiter, Duration::from_millis(500), &what).await;
-        guard.release().await.expect("release");
-    }
+    let bound = Duration::from_millis(500);
+    release_wakes_the_waiter(&holder_rt, &waiter_rt, key, (3, bound), "TLS").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

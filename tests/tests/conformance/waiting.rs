@@ -9,7 +9,7 @@ use dlock_tests::assert_between;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_free, assert_nothing_left};
-use dlock_tests::{AcquireExt, hand_off};
+use dlock_tests::{AcquireExt, release_wakes_the_waiter};
 
 /// A held key: one attempt (`wait` zero) fails at once, a waiter with `wait` = 300 ms gets
 /// `Timeout` naming the key after 300 ms to 1.5 s, and so does each of ten waiters queued on
@@ -111,21 +111,5 @@ pub(crate) async fn release_wakes_a_waiter_long_before_the_lease(engine: Engine)
     let bound = fixture.params().wake_within;
     let (holder_rt, rt) = (fixture.runtime().await, fixture.runtime().await);
     let key = "conformance:wait:wake";
-    for round in 0..5 {
-        let holder = holder_rt.lock(key).lease(LONG_LEASE).held("holder").await;
-        let waiter = rt
-            .lock(key)
-            .lease(LONG_LEASE)
-            .wait(Duration::from_secs(20))
-            .spawn();
-        // Let the waiter find the key busy and go to sleep.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(
-            !waiter.is_finished(),
-            "{engine:?}: the waiter got a held key"
-        );
-        let what = format!("{engine:?} round {round}");
-        let guard = hand_off(holder, waiter, bound, &what).await;
-        guard.release().await.expect("release");
-    }
+    release_wakes_the_waiter(&holder_rt, &rt, key, (5, bound), &format!("{engine:?}")).await;
 }
