@@ -127,6 +127,39 @@ pub async fn redis_with_runtime() -> (RedisServer, Runtime) {
     (server, rt)
 }
 
+/// Takes `key` on `rt` with a 1 s lease and holds it for `period`: every 100 ms the lock hash on
+/// `server` has `0 < PTTL <= 1 s` (the watchdog renews it, a third of the lease at a time), the
+/// guard is not lost, and `other` (if any) is refused at once. Then releases it; the hash is
+/// gone.
+pub async fn assert_watchdog_renews_on(
+    server: &RedisServer,
+    (rt, other): (&Runtime, Option<&Runtime>),
+    key: &str,
+    period: Duration,
+) {
+    let lease = Duration::from_secs(1);
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
+    let every = Duration::from_millis(100);
+    while_held(&guard, period, every, |at| async move {
+        assert_ttl_within_lease(server.pttl(&lock_key(key)).await, lease, at);
+        if let Some(other) = other {
+            let lock = other.lock(key).wait(Duration::ZERO);
+            lock.times_out("another runtime while the watchdog renews")
+                .await;
+        }
+    })
+    .await;
+    let what = format!("release after {period:?} on a {lease:?} lease");
+    guard
+        .release()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    assert!(
+        !server.exists(&lock_key(key)).await,
+        "{key:?} after the release"
+    );
+}
+
 /// Generates `mod on_memory` and `mod on_redis`, each with one
 /// `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per named
 /// `async fn name(b: Backend)` of the calling file.

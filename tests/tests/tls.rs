@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{AcquireExt, assert_ttl_within_lease, release_wakes_the_waiter, while_held};
+use dlock_tests::{AcquireExt, assert_watchdog_renews_on, release_wakes_the_waiter};
 use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
 
 /// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
@@ -82,33 +82,8 @@ async fn tls_watchdog_keeps_one_second_lease_for_three_seconds() {
     let server = RedisServer::start_tls();
     let rt = tls_runtime(&server).await;
     let other = tls_runtime(&server).await;
-    let key = "tls:watchdog";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(1))
-        .held("acquire")
-        .await;
-    while_held(
-        &guard,
-        Duration::from_secs(3),
-        Duration::from_millis(100),
-        |at| {
-            let (server, other) = (&server, &other);
-            async move {
-                let pttl = server.pttl(&lock_key(key)).await;
-                assert_ttl_within_lease(pttl, Duration::from_secs(1), at);
-                let lock = other.lock(key).wait(Duration::ZERO);
-                lock.times_out("another runtime must fail while the watchdog renews")
-                    .await;
-            }
-        },
-    )
-    .await;
-    guard
-        .release()
-        .await
-        .expect("release after 3 s on a 1 s lease");
-    assert!(!server.exists(&lock_key(key)).await);
+    let period = Duration::from_secs(3);
+    assert_watchdog_renews_on(&server, (&rt, Some(&other)), "tls:watchdog", period).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

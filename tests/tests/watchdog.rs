@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::AcquireExt;
 use dlock_tests::{
-    BuildExt, RedisServer, Runtime, assert_between, assert_ttl_within_lease, hold_in_process,
-    lock_key, redis_with_runtime, while_held,
+    BuildExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on, hold_in_process,
+    lock_key, redis_with_runtime,
 };
 
 /// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it
@@ -19,29 +19,8 @@ use dlock_tests::{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewed_lock_hash_ttl_stays_within_the_lease() {
     let (server, rt) = redis_with_runtime().await;
-    let key = "watchdog:renewed";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(1))
-        .held("acquire")
-        .await;
-    while_held(
-        &guard,
-        Duration::from_secs(5),
-        Duration::from_millis(100),
-        |at| {
-            let server = &server;
-            async move {
-                let pttl = server.pttl(&lock_key(key)).await;
-                assert_ttl_within_lease(pttl, Duration::from_secs(1), at);
-            }
-        },
-    )
-    .await;
-    guard
-        .release()
-        .await
-        .expect("release after 5 s on a 1 s lease");
+    let period = Duration::from_secs(5);
+    assert_watchdog_renews_on(&server, (&rt, None), "watchdog:renewed", period).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
