@@ -122,9 +122,14 @@ impl Backend {
 
 /// A fresh `redis-server` and a runtime on it with default options.
 pub async fn redis_with_runtime() -> (RedisServer, Runtime) {
+    redis_with_timeout(dlock_runtime::DEFAULT_TIMEOUT).await
+}
+
+/// A fresh `redis-server` and a runtime on it whose requests time out after `timeout`.
+pub async fn redis_with_timeout(timeout: Duration) -> (RedisServer, Runtime) {
     let server = RedisServer::start();
-    let rt = Runtime::builder().redis(server.url()).built().await;
-    (server, rt)
+    let rt = Runtime::builder().redis(server.url()).timeout(timeout);
+    (server, rt.built().await)
 }
 
 /// Takes `key` on `rt` with a 1 s lease and holds it for `period`: every 100 ms the lock hash on

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::LockError;
 use dlock_tests::AcquireExt;
-use dlock_tests::{BuildExt, RedisServer, Runtime, assert_between, lock_key, redis_with_runtime};
+use dlock_tests::{
+    RedisServer, Runtime, assert_between, lock_key, redis_with_runtime, redis_with_timeout,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 /// Runtime timeout in the fault tests, and the bound they allow for a `Backend` error.
@@ -17,12 +19,7 @@ const BACKEND_ERROR_WITHIN: Duration = Duration::from_secs(10);
 /// A fresh redis-server and a runtime on it with [`TIMEOUT`] that has just taken and released
 /// `key` (everything works before the fault).
 async fn working_before_the_fault(key: &str) -> (RedisServer, Runtime) {
-    let server = RedisServer::start();
-    let rt = Runtime::builder()
-        .redis(server.url())
-        .timeout(TIMEOUT)
-        .built()
-        .await;
+    let (server, rt) = redis_with_timeout(TIMEOUT).await;
     rt.lock(key).cycled("before the fault").await;
     (server, rt)
 }
@@ -145,12 +142,7 @@ async fn redis_paused_gives_backend_error_within_bounded_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_error_from_an_unanswered_request_keeps_a_source() {
-    let mut server = RedisServer::start();
-    let rt = Runtime::builder()
-        .redis(server.url())
-        .timeout(Duration::from_millis(300))
-        .built()
-        .await;
+    let (mut server, rt) = redis_with_timeout(Duration::from_millis(300)).await;
     let key = "faults:timeout-source";
     rt.lock(key).cycled("before").await;
     server.pause();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use dlock_tests::AcquireExt;
 use dlock_tests::{
     BuildExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on, hold_in_process,
-    lock_key, redis_with_runtime,
+    lock_key, redis_with_runtime, redis_with_timeout,
 };
 
 /// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it
@@ -130,12 +130,7 @@ async fn redis_paused_past_lease_is_lost_within_lease_plus_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_outage_shorter_than_lease_is_not_a_loss() {
-    let mut server = RedisServer::start();
-    let rt = Runtime::builder()
-        .redis(server.url())
-        .timeout(Duration::from_millis(300))
-        .built()
-        .await;
+    let (mut server, rt) = redis_with_timeout(Duration::from_millis(300)).await;
     let key = "watchdog:transient";
     let guard = rt
         .lock(key)
