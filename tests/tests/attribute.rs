@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_runtime::{LockError, distributed_lock};
-use dlock_tests::AcquireExt;
-use dlock_tests::{Backend, on_both_backends};
+use dlock_tests::{AcquireExt, Backend, on_both_backends};
 
 #[derive(Debug)]
 enum AppError {

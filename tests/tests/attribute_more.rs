@@ -10,10 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, current_fence, distributed_lock, lock, with_lock};
-use dlock_tests::AcquireExt;
 use dlock_tests::{
-    Backend, Counting, Engine, RedisServer, assert_between, count_in_processes, lock_key,
-    on_both_backends, redis_with_runtime,
+    AcquireExt, Backend, Counting, Engine, RedisServer, assert_between, count_in_processes,
+    lock_key, on_both_backends, redis_with_runtime,
 };
 use redis::aio::MultiplexedConnection;
 use tokio::sync::oneshot;

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_tests::cluster::{MASTERS, RedisCluster};
-use dlock_tests::{AcquireExt, BuildExt, finish_within, hand_off};
 use dlock_tests::{
-    Counting, LockGuard, RedisServer, Runtime, assert_between, count_in_processes, eventually,
-    fence_key, hold_in_process, lock_key, released_channel,
+    AcquireExt, BuildExt, Counting, LockGuard, RedisServer, Runtime, assert_between,
+    count_in_processes, eventually, fence_key, finish_within, hand_off, hold_in_process, lock_key,
+    released_channel,
 };
 
 /// Long enough that a TTL-bounded retry cannot explain a wake-up, and that no lease runs out

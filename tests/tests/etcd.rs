@@ -24,10 +24,9 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, SetOnDrop, count_in_processes, finish_within, hold_in_process,
-    while_held,
+    AcquireExt, BuildExt, Counting, LockGuard, RedisServer, Runtime, SetOnDrop, count_in_processes,
+    finish_within, hold_in_process, while_held,
 };
-use dlock_tests::{LockGuard, RedisServer, Runtime};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 /// The runtime's default key prefix.

@@ -6,10 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::AcquireExt;
 use dlock_tests::{
-    Backend, Counting, RedisServer, count_in_processes, finish_within, on_both_backends,
-    redis_with_runtime,
+    AcquireExt, Backend, Counting, RedisServer, count_in_processes, finish_within,
+    on_both_backends, redis_with_runtime,
 };
 
 const LEASE: Duration = Duration::from_secs(30);

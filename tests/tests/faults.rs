@@ -6,9 +6,9 @@ use std::error::Error as _;
 use std::time::{Duration, Instant};
 
 use dlock_runtime::LockError;
-use dlock_tests::AcquireExt;
 use dlock_tests::{
-    RedisServer, Runtime, assert_between, lock_key, redis_with_runtime, redis_with_timeout,
+    AcquireExt, RedisServer, Runtime, assert_between, lock_key, redis_with_runtime,
+    redis_with_timeout,
 };
 
 const LEASE: Duration = Duration::from_secs(30);

@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_runtime::{LockError, current_fence, with_lock};
-use dlock_tests::Runtime;
-use dlock_tests::{AcquireExt, BuildExt};
+use dlock_tests::{AcquireExt, BuildExt, Runtime};
 
 async fn memory_runtime(prefix: &str) -> Runtime {
     Runtime::builder().memory().key_prefix(prefix).built().await

@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_tests::AcquireExt;
-use dlock_tests::{Backend, BuildExt, RedisServer, Runtime, on_both_backends};
+use dlock_tests::{AcquireExt, Backend, BuildExt, RedisServer, Runtime, on_both_backends};
 
 const LEASE: Duration = Duration::from_secs(30);
 

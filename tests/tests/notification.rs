@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::AcquireExt;
 use dlock_tests::{
-    RedisServer, Runtime, eventually, finish_within, redis_with_runtime, released_channel,
+    AcquireExt, RedisServer, Runtime, eventually, finish_within, redis_with_runtime,
+    released_channel,
 };
 
 /// Long enough that a TTL-bounded retry cannot explain any wake-up in these tests.

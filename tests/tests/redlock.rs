@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, LONG_LEASE, SetOnDrop, count_in_processes, hold_in_process,
+    AcquireExt, BuildExt, Counting, LONG_LEASE, RedisServer, Runtime, SetOnDrop, assert_between,
+    count_in_processes, eventually, hold_in_process, lock_key, released_channel,
 };
-use dlock_tests::{RedisServer, Runtime, assert_between, eventually, lock_key, released_channel};
 
 /// Per-node timeout of the tests that are not about timing: a loaded box must not turn a
 /// slow live node into a missing vote.

@@ -8,8 +8,10 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{AcquireExt, assert_watchdog_renews_on, release_wakes_the_waiter};
-use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
+use dlock_tests::{
+    AcquireExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on, lock_key,
+    release_wakes_the_waiter,
+};
 
 /// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
 const LEASE: Duration = Duration::from_secs(30);

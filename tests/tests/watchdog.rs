@@ -8,10 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::AcquireExt;
 use dlock_tests::{
-    BuildExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on, hold_in_process,
-    lock_key, redis_with_runtime, redis_with_timeout,
+    AcquireExt, BuildExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on,
+    hold_in_process, lock_key, redis_with_runtime, redis_with_timeout,
 };
 
 /// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it

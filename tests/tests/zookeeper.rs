@@ -19,10 +19,9 @@ use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, assert_busy, count_in_processes, finish_within,
-    hold_in_process, while_held,
+    AcquireExt, BuildExt, Counting, RedisServer, Runtime, assert_between, assert_busy,
+    count_in_processes, eventually, finish_within, hold_in_process, while_held,
 };
-use dlock_tests::{RedisServer, Runtime, assert_between, eventually};
 
 /// Bound on anything that should happen "at once" (a hand-off, a background release).
 const PROMPTLY: Duration = Duration::from_millis(1500);

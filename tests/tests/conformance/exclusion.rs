@@ -1,10 +1,11 @@
 //! Mutual exclusion across processes: contenders on several runtimes never overlap, and a
 //! read-sleep-write counter they share ends exact.
 
-use dlock_tests::finish_within;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use dlock_tests::{AcquireExt, finish_within};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_nothing_left};
@@ -31,9 +32,8 @@ pub(crate) async fn mutual_exclusion_with_many_contenders(engine: Engine) {
                         .lock(key)
                         .lease(LONG_LEASE)
                         .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .unwrap_or_else(|e| panic!("{engine:?}: acquire: {e:?}"));
+                        .held(&format!("{engine:?}: acquire"))
+                        .await;
                     let others = inside.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(others, 0, "{engine:?}: two holders inside at once");
                     let value = counter.load(Ordering::SeqCst);

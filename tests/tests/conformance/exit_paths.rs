@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{Rng, Runtime};
+use dlock_tests::{AcquireExt, Rng, Runtime, hand_off};
 use tokio::task::JoinHandle;
 
 use crate::fixture::{Engine, Fixture};
@@ -21,7 +21,6 @@ use crate::support::{
     LONG_LEASE, RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free,
     assert_nothing_left,
 };
-use dlock_tests::{AcquireExt, hand_off};
 
 /// A business error, to leave a critical section with `?`.
 #[derive(Debug)]
@@ -310,11 +309,7 @@ pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engin
             .unwrap_or_else(|e| panic!("{engine:?}: holder: {e:?}"));
         let waiters: Vec<_> = (0..5)
             .map(|i| {
-                let rt = if i % 2 == 0 {
-                    rt.clone()
-                } else {
-                    other.clone()
-                };
+                let rt = [&rt, &other][i % 2].clone();
                 tokio::spawn(async move {
                     let guard = rt
                         .lock(key)

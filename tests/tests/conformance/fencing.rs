@@ -73,9 +73,8 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
                         .lock(key)
                         .lease(LONG_LEASE)
                         .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .unwrap_or_else(|e| panic!("{engine:?}: acquire: {e:?}"));
+                        .held(&format!("{engine:?}: acquire"))
+                        .await;
                     seen.lock().expect("not poisoned").push(guard.fence());
                     tokio::task::yield_now().await;
                     guard.release().await.expect("release");

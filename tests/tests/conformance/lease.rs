@@ -8,12 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::assert_between;
+use dlock_tests::{AcquireExt, assert_between, while_held};
 use tokio::sync::oneshot;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free};
-use dlock_tests::{AcquireExt, while_held};
 
 /// The lease of the loss tests: renewed every 2 s, so a loss seen within [`LOSS_SEEN_WITHIN`]
 /// was seen by a renewal, not by the lease running out.

@@ -5,11 +5,10 @@
 use std::time::{Duration, Instant};
 
 use dlock_runtime::LockError;
-use dlock_tests::assert_between;
+use dlock_tests::{AcquireExt, assert_between, release_wakes_the_waiter};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_free, assert_nothing_left};
-use dlock_tests::{AcquireExt, release_wakes_the_waiter};
 
 /// A held key: one attempt (`wait` zero) fails at once, a waiter with `wait` = 300 ms gets
 /// `Timeout` naming the key after 300 ms to 1.5 s, and so does each of ten waiters queued on
@@ -72,11 +71,7 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
 
     let waiters: Vec<_> = (0..10)
         .map(|i| {
-            let rt = if i % 2 == 0 {
-                rt.clone()
-            } else {
-                other.clone()
-            };
+            let rt = [&rt, &other][i % 2].clone();
             tokio::spawn(async move {
                 let start = Instant::now();
                 let out = rt.lock(key).lease(LONG_LEASE).wait(wait).acquire().await;
