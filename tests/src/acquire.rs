@@ -8,6 +8,37 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockBuilder, LockError, LockGuard, Runtime, RuntimeBuilder, with_lock};
 use tokio::task::JoinHandle;
 
+/// Holding a key, in one call.
+pub trait HoldExt {
+    /// Acquires `key` with `lease` (default wait); panics naming both if that fails.
+    fn hold(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send;
+    /// Acquires `key` with `lease`, waiting up to `wait`; panics naming the key if that fails.
+    fn hold_within(
+        &self,
+        key: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> impl Future<Output = LockGuard> + Send;
+}
+
+impl HoldExt for Runtime {
+    fn hold(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send {
+        let (lock, what) = (self.lock(key).lease(lease), format!("hold {key:?}"));
+        async move { lock.held(&what).await }
+    }
+
+    fn hold_within(
+        &self,
+        key: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> impl Future<Output = LockGuard> + Send {
+        let lock = self.lock(key).lease(lease).wait(wait);
+        let what = format!("hold {key:?} waiting up to {wait:?}");
+        async move { lock.held(&what).await }
+    }
+}
+
 /// Building a runtime a test needs.
 pub trait BuildExt {
     /// Builds the runtime; panics with the error if that fails.

@@ -22,7 +22,7 @@ mod acquire;
 mod processes;
 
 pub use acquire::{
-    AcquireExt, BuildExt, LONG_LEASE, acquire_within, assert_busy, assert_free,
+    AcquireExt, BuildExt, HoldExt, LONG_LEASE, acquire_within, assert_busy, assert_free,
     assert_ttl_within_lease, finish_within, hand_off, release_wakes_the_waiter, while_held,
 };
 pub use processes::{Counting, count_in_processes, hold_in_process, holder_bin};

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, current_fence, distributed_lock, lock, with_lock};
 use dlock_tests::{
-    AcquireExt, Backend, Counting, Engine, RedisServer, assert_between, count_in_processes,
-    lock_key, on_both_backends, redis_with_runtime,
+    AcquireExt, Backend, Counting, Engine, HoldExt, RedisServer, assert_between,
+    count_in_processes, lock_key, on_both_backends, redis_with_runtime,
 };
 use redis::aio::MultiplexedConnection;
 use tokio::sync::oneshot;
@@ -449,11 +449,7 @@ async fn attribute_timeout_converts_into_callers_error_variant(b: Backend) {
     );
 
     let other = b.other_runtime().await;
-    let holder = other
-        .lock("stock:9")
-        .lease(Duration::from_secs(30))
-        .held("holder")
-        .await;
+    let holder = other.hold("stock:9", Duration::from_secs(30)).await;
     let ran = AtomicBool::new(false);
     let start = Instant::now();
     let out = b.rt.scope(reserve(9, 3, &ran)).await;
@@ -527,10 +523,7 @@ async fn attribute_on_lost_ignore_body_completes_after_key_deleted(b: Backend) {
     // watchdog's next renewal then fails for certain).
     let other = b.other_runtime().await;
     let thief = other
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .wait(Duration::ZERO)
-        .held("the deleted key is free for another owner")
+        .hold_within(key, Duration::from_secs(30), Duration::ZERO)
         .await;
     assert!(!call.is_finished(), "the body ended early");
     let out = tokio::time::timeout(Duration::from_secs(20), call)

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, LockGuard, RedisServer, Runtime, SetOnDrop, count_in_processes,
-    finish_within, hold_in_process, while_held,
+    AcquireExt, BuildExt, Counting, HoldExt, LockGuard, RedisServer, Runtime, SetOnDrop,
+    count_in_processes, finish_within, hold_in_process, while_held,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
@@ -618,20 +618,12 @@ async fn watchdog_renews_the_granted_lease_and_keeps_the_same_key() {
     let etcd = EtcdServer::start();
     let key = "etcd:watchdog";
     let rt = runtime(etcd.cluster()).await;
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(2))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(2)).await;
     let held = only_holder(etcd.cluster(), key);
     assert_eq!(granted_ttl(etcd.cluster(), held.lease), Some(2));
     // Whole seconds, and the server's minimum: a 1 s lease (renewed every 333 ms).
     let short_key = "etcd:watchdog:one-second";
-    let short = rt
-        .lock(short_key)
-        .lease(Duration::from_secs(1))
-        .held("acquire with a 1 s lease")
-        .await;
+    let short = rt.hold(short_key, Duration::from_secs(1)).await;
     let short_granted = granted_ttl(etcd.cluster(), only_holder(etcd.cluster(), short_key).lease);
     println!("lease 1 s: granted TTL {short_granted:?} s (etcd raises it to its minimum)");
     assert!(
@@ -854,11 +846,7 @@ async fn cluster_with_one_follower_killed_keeps_serving_every_lock_operation() {
     for _ in 0..6 {
         rt.lock("etcd:warm-up").cycled("warm-up acquire").await;
     }
-    let held = rt
-        .lock("etcd:held-across")
-        .lease(Duration::from_secs(2))
-        .held("acquire the lock held across the kill")
-        .await;
+    let held = rt.hold("etcd:held-across", Duration::from_secs(2)).await;
     let leader = blocking(|| cluster.leader_index()).expect("a leader");
     let follower = (leader + 1) % cluster.len();
     blocking(|| cluster.kill9(follower));

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::{
-    AcquireExt, Backend, Counting, RedisServer, count_in_processes, finish_within,
+    AcquireExt, Backend, Counting, HoldExt, RedisServer, count_in_processes, finish_within,
     on_both_backends, redis_with_runtime,
 };
 
@@ -32,12 +32,7 @@ async fn tasks_increment_counter_in_redis_exactly() {
                     .await
                     .expect("connect");
                 for _ in 0..INCREMENTS {
-                    let guard = rt
-                        .lock(key)
-                        .lease(LEASE)
-                        .wait(Duration::from_secs(60))
-                        .held("acquire")
-                        .await;
+                    let guard = rt.hold_within(key, LEASE, Duration::from_secs(60)).await;
                     let value: Option<u64> = redis::cmd("GET")
                         .arg(counter_key)
                         .query_async(&mut conn)

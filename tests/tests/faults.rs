@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::LockError;
 use dlock_tests::{
-    AcquireExt, RedisServer, Runtime, assert_between, lock_key, redis_with_runtime,
+    AcquireExt, HoldExt, RedisServer, Runtime, assert_between, lock_key, redis_with_runtime,
     redis_with_timeout,
 };
 
@@ -50,11 +50,7 @@ async fn script_flush_while_running_keeps_locks_working() {
     let (server, rt) = redis_with_runtime().await;
     let key = "faults:flush";
     // A hold that spans the flush: its renewals and its release need the scripts again.
-    let held = rt
-        .lock(key)
-        .lease(Duration::from_secs(1))
-        .held("acquire")
-        .await;
+    let held = rt.hold(key, Duration::from_secs(1)).await;
     let () = server.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(!held.is_lost(), "renewal after SCRIPT FLUSH failed");

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::{
-    AcquireExt, RedisServer, Runtime, eventually, finish_within, redis_with_runtime,
+    AcquireExt, HoldExt, RedisServer, Runtime, eventually, finish_within, redis_with_runtime,
     released_channel,
 };
 
@@ -72,12 +72,7 @@ async fn local_waiters_on_one_key_share_one_subscription() {
         .map(|_| {
             let rt = rt.clone();
             tokio::spawn(async move {
-                let guard = rt
-                    .lock(key)
-                    .lease(LEASE)
-                    .wait(Duration::from_secs(20))
-                    .held("waiter acquires")
-                    .await;
+                let guard = rt.hold_within(key, LEASE, Duration::from_secs(20)).await;
                 guard.release().await.expect("release");
             })
         })
@@ -133,12 +128,7 @@ async fn hot_key_handoffs(server: &RedisServer, runtimes: &[Runtime]) {
             let rt = runtimes[i as usize % runtimes.len()].clone();
             tokio::spawn(async move {
                 for _ in 0..EACH {
-                    let guard = rt
-                        .lock(key)
-                        .lease(LEASE)
-                        .wait(Duration::from_secs(60))
-                        .held("acquire")
-                        .await;
+                    let guard = rt.hold_within(key, LEASE, Duration::from_secs(60)).await;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     guard.release().await.expect("release");
                 }

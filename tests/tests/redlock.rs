@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, LONG_LEASE, RedisServer, Runtime, SetOnDrop, assert_between,
-    count_in_processes, eventually, hold_in_process, lock_key, released_channel,
+    AcquireExt, BuildExt, Counting, HoldExt, LONG_LEASE, RedisServer, Runtime, SetOnDrop,
+    assert_between, count_in_processes, eventually, hold_in_process, lock_key, released_channel,
 };
 
 /// Per-node timeout of the tests that are not about timing: a loaded box must not turn a
@@ -172,11 +172,7 @@ async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
 
     let key = "redlock:two-of-five-down";
     let start = Instant::now();
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .held("3 of 5 nodes are a majority: acquire must succeed")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(30)).await;
     let took = start.elapsed();
     println!("acquire with 2 of 5 nodes killed took {took:?}");
     assert!(
@@ -371,11 +367,7 @@ async fn node_restarted_empty_does_not_admit_a_second_holder() {
     let a = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:restarted-node";
-    let guard = a
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .held("A acquires")
-        .await;
+    let guard = a.hold(key, Duration::from_secs(30)).await;
     // B is connected to every node before the restart (its connection to node 1 breaks).
     b.lock(key).wait(Duration::ZERO).times_out("A holds").await;
 
@@ -451,11 +443,7 @@ async fn waiter_against_a_majority_holder_waits_instead_of_polling() {
     let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:majority-holder";
     let wait = Duration::from_secs(1);
-    let guard = a
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .held("A acquires")
-        .await;
+    let guard = a.hold(key, Duration::from_secs(30)).await;
     let mut scripts = Vec::new();
     for missing_on_one_node in [false, true] {
         if missing_on_one_node {
@@ -680,11 +668,7 @@ async fn valid_for_is_within_the_lease_minus_the_drift() {
     let nodes = Nodes::start(3);
     let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let lease = Duration::from_secs(10);
-    let guard = rt
-        .lock("redlock:valid-for")
-        .lease(lease)
-        .held("acquire")
-        .await;
+    let guard = rt.hold("redlock:valid-for", lease).await;
     let valid = guard.valid_for();
     println!("valid_for right after acquiring with lease {lease:?}: {valid:?}");
     assert!(valid > Duration::ZERO, "valid_for must be positive");
@@ -790,11 +774,7 @@ async fn url_with_node_timeout_works_against_real_servers() {
     assert_eq!(rt.engine(), "redlock");
     let other = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:from-url";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(10))
-        .held("acquire through the URL runtime")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(10)).await;
     assert!(guard.fence().is_none());
     nodes
         .assert_on_every_live_node(key, true, "held through the URL runtime")

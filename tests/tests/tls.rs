@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::{
-    AcquireExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on, lock_key,
+    AcquireExt, HoldExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on, lock_key,
     release_wakes_the_waiter,
 };
 
@@ -59,12 +59,7 @@ async fn tls_acquire_excludes_a_second_runtime_until_release() {
     let first_fence = guard.fence();
     guard.release().await.expect("release");
     assert!(!server.exists(&lock_key(key)).await, "released key remains");
-    let second = b
-        .lock(key)
-        .lease(LEASE)
-        .wait(Duration::ZERO)
-        .held("the key is free after the release")
-        .await;
+    let second = b.hold_within(key, LEASE, Duration::ZERO).await;
     assert!(second.fence() > first_fence, "fences increase over TLS too");
     second.release().await.expect("release");
 }

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::{
-    AcquireExt, BuildExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on,
+    AcquireExt, BuildExt, HoldExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on,
     hold_in_process, lock_key, redis_with_runtime, redis_with_timeout,
 };
 
@@ -51,11 +51,7 @@ async fn owner_overwritten_is_lost_and_the_new_owner_survives_release() {
     let (server, rt) = redis_with_runtime().await;
     let key = "watchdog:overwritten";
     let hash = lock_key(key);
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(6))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(6)).await;
     // Someone else now owns the key: the hash's `owner` field (see backend/lua/acquire.lua)
     // names another token, with a long TTL of its own.
     let mut conn = server.conn().await;
@@ -131,11 +127,7 @@ async fn redis_paused_past_lease_is_lost_within_lease_plus_timeout() {
 async fn transient_outage_shorter_than_lease_is_not_a_loss() {
     let (mut server, rt) = redis_with_timeout(Duration::from_millis(300)).await;
     let key = "watchdog:transient";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(3))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(3)).await;
     let acquired = Instant::now();
     // The renewal due at ~1 s runs into the pause and times out.
     server.pause();

@@ -19,7 +19,7 @@ use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, RedisServer, Runtime, assert_between, assert_busy,
+    AcquireExt, BuildExt, Counting, HoldExt, RedisServer, Runtime, assert_between, assert_busy,
     count_in_processes, eventually, finish_within, hold_in_process, while_held,
 };
 
@@ -211,11 +211,7 @@ async fn paused_server_expires_the_session_lost_fires_and_a_new_session_acquires
     // A runtime that holds nothing while its session expires.
     let idle = zk_runtime(&zk, session).await;
     let key = "zk:session-expiry";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(2))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(2)).await;
     let mut problems = Vec::new();
     zk.pause();
     let paused = Instant::now();
@@ -320,11 +316,7 @@ async fn watchdog_keeps_the_same_node_through_renewals() {
     let zk = ZooKeeperServer::start();
     let rt = zk_runtime(&zk, Duration::from_secs(5)).await;
     let key = "zk:watchdog";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(2))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(2)).await;
     let node = queue_len(&zk, key, 1, PROMPTLY).await;
     while_held(
         &guard,

@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{AcquireExt, Rng, Runtime, hand_off};
+use dlock_tests::{AcquireExt, HoldExt, Rng, Runtime, hand_off};
 use tokio::task::JoinHandle;
 
 use crate::fixture::{Engine, Fixture};
@@ -337,10 +337,7 @@ pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engin
     let key = "conformance:exit:cut-release";
     for polls in 1..=6 {
         let guard = rt
-            .lock(key)
-            .lease(LONG_LEASE)
-            .wait(Duration::from_secs(5))
-            .held("acquire")
+            .hold_within(key, LONG_LEASE, Duration::from_secs(5))
             .await;
         let _ = poll_then_drop(guard.release(), polls).await;
         acquire_within(&other, key, RELEASE_WITHIN, "after release() was dropped").await;

@@ -9,7 +9,7 @@ use dlock_runtime::{current_fence, with_lock};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_busy, assert_free};
-use dlock_tests::AcquireExt;
+use dlock_tests::{AcquireExt, HoldExt};
 
 /// A deadlock in reentrancy shows up as a hang; this bounds it.
 const NO_DEADLOCK: Duration = Duration::from_secs(10);
@@ -51,12 +51,7 @@ pub(crate) async fn nested_acquisition_reenters_and_inner_exit_keeps_the_hold(en
         );
         assert_busy(&other, key, "after a nested with_lock exited").await;
 
-        let inner = rt
-            .lock(key)
-            .lease(LONG_LEASE)
-            .wait(Duration::ZERO)
-            .held("acquire() inside the chain re-enters")
-            .await;
+        let inner = rt.hold_within(key, LONG_LEASE, Duration::ZERO).await;
         assert_eq!(
             inner.fence(),
             outer,
