@@ -434,8 +434,7 @@ async fn released_key_leaves_no_node_and_can_be_taken_again() {
     let before = node_count();
     for i in 0..10 {
         let key = format!("zk:cleanup:{i}");
-        let guard = rt1.lock(key.as_str()).held("acquire").await;
-        guard.release().await.expect("release");
+        rt1.lock(key.as_str()).cycled("acquire").await;
         assert!(queue_of(&zk, &key).is_empty());
         assert!(!rt2.is_locked(&key).await.expect("is_locked"));
         rt2.lock(key.as_str()).cycled("re-acquire").await;
