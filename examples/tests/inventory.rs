@@ -42,15 +42,20 @@ enum Outcome {
     Busy,
 }
 
-async fn reserve(client: &reqwest::Client, addr: SocketAddr) -> Outcome {
-    let response = client
+/// POSTs a reservation of one unit of [`ITEM`].
+async fn post_reserve(client: &reqwest::Client, addr: SocketAddr) -> reqwest::Response {
+    client
         .post(format!("http://{addr}/items/{ITEM}/reserve"))
         .json(&ReserveRequest {
             qty: NonZeroU32::MIN,
         })
         .send()
         .await
-        .expect("send a reserve request");
+        .expect("send a reserve request")
+}
+
+async fn reserve(client: &reqwest::Client, addr: SocketAddr) -> Outcome {
+    let response = post_reserve(client, addr).await;
     match response.status() {
         StatusCode::OK => Outcome::Reserved(response.json().await.expect("a reservation body")),
         StatusCode::CONFLICT => {
@@ -238,14 +243,7 @@ async fn lock_engine_down_is_503() {
         .expect("a redis runtime");
     let addr = serve(Store::memory(), runtime).await;
     server.kill9();
-    let response = reqwest::Client::new()
-        .post(format!("http://{addr}/items/{ITEM}/reserve"))
-        .json(&ReserveRequest {
-            qty: NonZeroU32::MIN,
-        })
-        .send()
-        .await
-        .expect("send a reserve request");
+    let response = post_reserve(&reqwest::Client::new(), addr).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let body: ErrorBody = response.json().await.expect("an error body");
     assert_eq!(body.error, "unavailable", "{body:?}");

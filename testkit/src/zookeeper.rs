@@ -73,6 +73,10 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 const FOUR_LETTER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A standalone ZooKeeper server owned by one test.
+///
+/// Session expiry is the server's own clock: sessions whose timeout passed while it was frozen
+/// ([`pause`](ZooKeeperServer::pause)) may expire as soon as it resumes, unless their clients
+/// get a ping in first.
 #[derive(Debug)]
 pub struct ZooKeeperServer {
     process: TestProcess,
@@ -127,33 +131,12 @@ impl ZooKeeperServer {
         self.dir.path()
     }
 
-    /// Kills the server with SIGKILL and reaps it. Port and data stay for
-    /// [`restart`](ZooKeeperServer::restart).
-    pub fn kill9(&mut self) {
-        self.process.kill9();
-    }
-
-    /// Stops the server with SIGTERM (SIGKILL after 5 s) and reaps it.
-    pub fn stop(&mut self) {
-        self.process.stop();
-    }
+    crate::process::forward_signals!();
 
     /// Stops the server if it runs (SIGTERM) and starts it again on the same port with the same
     /// data: znodes survive, and so do sessions whose clients reconnect within their timeout.
     pub fn restart(&mut self) {
         self.process.restart();
-    }
-
-    /// Freezes the server with SIGSTOP: connections stay open and requests go unanswered.
-    /// Session expiry is the server's own clock: sessions whose timeout passed while it was
-    /// frozen may expire as soon as it resumes, unless their clients get a ping in first.
-    pub fn pause(&mut self) {
-        self.process.pause();
-    }
-
-    /// Resumes a server frozen by [`pause`](ZooKeeperServer::pause) with SIGCONT.
-    pub fn resume(&mut self) {
-        self.process.resume();
     }
 
     /// Sends a four-letter word (`srvr`, `ruok`, `stat`, `conf`, `cons`, `dump`, `mntr`) and

@@ -14,7 +14,18 @@
 //! that takes locks, for exclusion across processes and for kill -9 of a holder.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod acquire;
+mod processes;
+
+pub use acquire::{
+    AcquireExt, BuildExt, HoldExt, LONG_LEASE, acquire_within, assert_busy, assert_free,
+    assert_ttl_within_lease, finish_within, hand_off, release_wakes_the_waiter, while_held,
+};
+pub use processes::{Counting, count_in_processes, hold_in_process, holder_bin};
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub use dlock_testkit::redis::{
@@ -44,11 +55,7 @@ pub struct Backend {
 impl Backend {
     /// An in-process `memory://` runtime.
     pub async fn memory() -> Backend {
-        let rt = Runtime::builder()
-            .memory()
-            .build()
-            .await
-            .expect("build a memory runtime");
+        let rt = Runtime::builder().memory().built().await;
         Backend {
             engine: Engine::Memory,
             rt,
@@ -58,12 +65,7 @@ impl Backend {
 
     /// A fresh `redis-server` and a runtime connected to it.
     pub async fn redis() -> Backend {
-        let server = RedisServer::start();
-        let rt = Runtime::builder()
-            .redis(server.url())
-            .build()
-            .await
-            .expect("build a redis runtime");
+        let (server, rt) = redis_with_runtime().await;
         Backend {
             engine: Engine::Redis,
             rt,
@@ -75,11 +77,7 @@ impl Backend {
     /// Redis; the same runtime on memory (whose state lives in the runtime).
     pub async fn other_runtime(&self) -> Runtime {
         match &self.server {
-            Some(server) => Runtime::builder()
-                .redis(server.url())
-                .build()
-                .await
-                .expect("build a second redis runtime"),
+            Some(server) => Runtime::builder().redis(server.url()).built().await,
             None => self.rt.clone(),
         }
     }
@@ -120,6 +118,51 @@ impl Backend {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+}
+
+/// A fresh `redis-server` and a runtime on it with default options.
+pub async fn redis_with_runtime() -> (RedisServer, Runtime) {
+    redis_with_timeout(dlock_runtime::DEFAULT_TIMEOUT).await
+}
+
+/// A fresh `redis-server` and a runtime on it whose requests time out after `timeout`.
+pub async fn redis_with_timeout(timeout: Duration) -> (RedisServer, Runtime) {
+    let server = RedisServer::start();
+    let rt = Runtime::builder().redis(server.url()).timeout(timeout);
+    (server, rt.built().await)
+}
+
+/// Takes `key` on `rt` with a 1 s lease and holds it for `period`: every 100 ms the lock hash on
+/// `server` has `0 < PTTL <= 1 s` (the watchdog renews it, a third of the lease at a time), the
+/// guard is not lost, and `other` (if any) is refused at once. Then releases it; the hash is
+/// gone.
+pub async fn assert_watchdog_renews_on(
+    server: &RedisServer,
+    (rt, other): (&Runtime, Option<&Runtime>),
+    key: &str,
+    period: Duration,
+) {
+    let lease = Duration::from_secs(1);
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
+    let every = Duration::from_millis(100);
+    while_held(&guard, period, every, |at| async move {
+        assert_ttl_within_lease(server.pttl(&lock_key(key)).await, lease, at);
+        if let Some(other) = other {
+            let lock = other.lock(key).wait(Duration::ZERO);
+            lock.times_out("another runtime while the watchdog renews")
+                .await;
+        }
+    })
+    .await;
+    let what = format!("release after {period:?} on a {lease:?} lease");
+    guard
+        .release()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    assert!(
+        !server.exists(&lock_key(key)).await,
+        "{key:?} after the release"
+    );
 }
 
 /// Generates `mod on_memory` and `mod on_redis`, each with one
@@ -205,4 +248,13 @@ pub fn assert_between(what: &str, elapsed: Duration, min: Duration, max: Duratio
         elapsed >= min && elapsed <= max,
         "{what}: took {elapsed:?}, expected between {min:?} and {max:?}"
     );
+}
+
+/// Sets a flag when dropped: tells whether a body future was dropped (cancelled).
+pub struct SetOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_runtime::{LockError, distributed_lock};
-use dlock_tests::{Backend, on_both_backends};
+use dlock_tests::{AcquireExt, Backend, on_both_backends};
 
 #[derive(Debug)]
 enum AppError {
@@ -113,7 +113,7 @@ async fn busy(id: u64, ran: &AtomicBool) -> Result<(), AppError> {
 }
 
 async fn attribute_busy_lock_returns_timeout_without_running_body(b: Backend) {
-    let _holder = b.rt.lock("busy:3").acquire().await.expect("holder");
+    let _holder = b.rt.lock("busy:3").held("holder").await;
     let ran = AtomicBool::new(false);
     let out = b.rt.scope(busy(3, &ran)).await;
     match out {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, current_fence, distributed_lock, lock, with_lock};
 use dlock_tests::{
-    Backend, Engine, HolderProcess, RedisServer, Runtime, assert_between, lock_key,
-    on_both_backends,
+    AcquireExt, Backend, Counting, Engine, HoldExt, RedisServer, assert_between,
+    count_in_processes, lock_key, on_both_backends, redis_with_runtime,
 };
 use redis::aio::MultiplexedConnection;
 use tokio::sync::oneshot;
@@ -151,48 +151,14 @@ async fn attribute_excludes_50_tasks_in_a_non_atomic_redis_increment(b: Backend)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attribute_excludes_four_processes_in_a_non_atomic_redis_increment() {
-    const PROCESSES: u64 = 4;
-    const ITERATIONS: u64 = 50;
+    const RUNS: (u64, u64) = (4, 50);
     let server = RedisServer::start();
-    let url = server.url();
-    let iterations = ITERATIONS.to_string();
+    let key = "attr:processes";
     // Each process runs the increment inside an annotated fn on its installed runtime.
-    let mut holders: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--key",
-                    "attr:processes",
-                    "--mode",
-                    "attr-counter",
-                    "--iterations",
-                    &iterations,
-                    "--counter",
-                    "counter:attr-processes",
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        let status = holder.wait(Duration::from_secs(120)).await;
-        assert!(status.success(), "dlock-holder failed: {status}");
-        assert_eq!(
-            holder.next_line(Duration::from_secs(1)).await,
-            format!("done {ITERATIONS}")
-        );
-    }
-    let total: u64 = server
-        .query(redis::cmd("GET").arg("counter:attr-processes"))
-        .await;
-    assert_eq!(
-        total,
-        PROCESSES * ITERATIONS,
-        "lost updates across processes"
-    );
-    assert!(!server.exists(&lock_key("attr:processes")).await);
+    let url = server.url();
+    let total = count_in_processes(Counting::Attribute, &url, &server, key, RUNS).await;
+    assert_eq!(total, RUNS.0 * RUNS.1, "lost updates across processes");
+    assert!(!server.exists(&lock_key(key)).await);
 }
 
 // ---- cancellation of the caller -------------------------------------------------------------
@@ -214,12 +180,8 @@ async fn assert_released_promptly(b: &Backend, key: &str) {
     other
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("another owner takes the key at once")
-        .release()
-        .await
-        .expect("release");
+        .cycled("another owner takes the key at once")
+        .await;
 }
 
 async fn attribute_aborted_task_releases_key_within_1_s(b: Backend) {
@@ -274,8 +236,7 @@ async fn fence_seen_inside(id: u64, server: &RedisServer) -> Result<FenceReading
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attribute_current_fence_equals_fence_in_redis_and_is_none_after() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     rt.scope(async {
         assert_eq!(current_fence(), None, "no lock held yet");
         let mut previous = 0;
@@ -488,12 +449,7 @@ async fn attribute_timeout_converts_into_callers_error_variant(b: Backend) {
     );
 
     let other = b.other_runtime().await;
-    let holder = other
-        .lock("stock:9")
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .expect("holder");
+    let holder = other.hold("stock:9", Duration::from_secs(30)).await;
     let ran = AtomicBool::new(false);
     let start = Instant::now();
     let out = b.rt.scope(reserve(9, 3, &ran)).await;
@@ -567,12 +523,8 @@ async fn attribute_on_lost_ignore_body_completes_after_key_deleted(b: Backend) {
     // watchdog's next renewal then fails for certain).
     let other = b.other_runtime().await;
     let thief = other
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("the deleted key is free for another owner");
+        .hold_within(key, Duration::from_secs(30), Duration::ZERO)
+        .await;
     assert!(!call.is_finished(), "the body ended early");
     let out = tokio::time::timeout(Duration::from_secs(20), call)
         .await

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::cluster::{MASTERS, RedisCluster};
 use dlock_tests::{
-    HolderProcess, LockGuard, RedisServer, Runtime, assert_between, eventually, fence_key,
-    lock_key, released_channel,
+    AcquireExt, BuildExt, Counting, LockGuard, RedisServer, Runtime, assert_between,
+    count_in_processes, eventually, fence_key, finish_within, hand_off, hold_in_process, lock_key,
+    released_channel,
 };
 
 /// Long enough that a TTL-bounded retry cannot explain a wake-up, and that no lease runs out
@@ -22,9 +23,8 @@ const LONG_LEASE: Duration = Duration::from_secs(30);
 async fn runtime(cluster: &RedisCluster) -> Runtime {
     Runtime::builder()
         .redis_cluster(cluster.seeds())
-        .build()
+        .built()
         .await
-        .expect("build a runtime on the test cluster")
 }
 
 /// Acquires `key` (one attempt each time), retrying on `Backend` errors (a failover in
@@ -71,7 +71,7 @@ async fn locks_on_every_shard_exclude_a_second_runtime_and_release() {
 
     let mut guards = Vec::new();
     for (key, master) in &keys {
-        let guard = rt.lock(key.as_str()).acquire().await.expect("acquire");
+        let guard = rt.lock(key.as_str()).held("acquire").await;
         let hash = lock_key(key);
         assert_eq!(cluster.master_for_key(&hash).await, *master);
         // Asked of the master itself (no redirect): the hash lives on the key's shard.
@@ -100,11 +100,8 @@ async fn locks_on_every_shard_exclude_a_second_runtime_and_release() {
         let err = other
             .lock(key.as_str())
             .wait(Duration::from_millis(200))
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("a second runtime must not get a held key");
-        assert!(err.is_timeout(), "{key}: expected Timeout, got {err:?}");
+            .times_out("a second runtime must not get a held key")
+            .await;
         assert_eq!(err.key(), Some(key.as_str()));
         assert!(other.is_locked(key).await.expect("is_locked"));
     }
@@ -115,12 +112,10 @@ async fn locks_on_every_shard_exclude_a_second_runtime_and_release() {
             !cluster.exists_on(*master, &lock_key(key)).await,
             "{key:?} still on node {master} after release"
         );
-        let next = other
+        other
             .lock(key.as_str())
-            .acquire()
-            .await
-            .expect("a released key is free for the second runtime");
-        next.release().await.expect("release");
+            .cycled("a released key is free for the second runtime")
+            .await;
     }
     assert_eq!(rt.held_count(), 0);
 }
@@ -153,9 +148,8 @@ async fn counter_stays_exact_with_three_runtimes_contending_on_every_shard() {
                         let guard = rt
                             .lock(key.as_str())
                             .wait(Duration::from_secs(30))
-                            .acquire()
-                            .await
-                            .expect("acquire under contention");
+                            .held("acquire under contention")
+                            .await;
                         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two inside");
                         let value: Option<u64> = redis::cmd("GET")
                             .arg(&counter)
@@ -176,12 +170,7 @@ async fn counter_stays_exact_with_three_runtimes_contending_on_every_shard() {
             }
         }
     }
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
-            .await
-            .expect("the contending tasks finish")
-            .expect("task");
-    }
+    finish_within(tasks, Duration::from_secs(60)).await;
     let expected = (RUNTIMES * TASKS_PER_RUNTIME) as u64 * ITERATIONS;
     for (key, master) in &keys {
         let counter = format!("counter:{{{key}}}");
@@ -200,24 +189,8 @@ async fn counter_stays_exact_with_three_runtimes_contending_on_every_shard() {
 async fn holder_process_on_a_cluster_url_excludes_until_killed() {
     let cluster = RedisCluster::start();
     let (key, _) = cluster.one_key_per_master("process").await.remove(1);
-    let mut holder = HolderProcess::spawn(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &cluster.url(),
-            "--key",
-            &key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "1000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    let holder_fence: u64 = line
-        .strip_prefix("acquired ")
-        .and_then(|f| f.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected holder output {line:?}"));
+    let (mut holder, holder_fence) = hold_in_process(&cluster.url(), &key, 1000, &[]).await;
+    let holder_fence = holder_fence.expect("a fence");
     let rt = runtime(&cluster).await;
     // Past two leases of 1 s: the other process's watchdog keeps the key, we are excluded.
     let start = Instant::now();
@@ -228,29 +201,15 @@ async fn holder_process_on_a_cluster_url_excludes_until_killed() {
             "PTTL {pttl} after {:?}",
             start.elapsed()
         );
-        let err = rt
-            .lock(key.as_str())
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("another process holds the key");
-        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        rt.lock(key.as_str())
+            .times_out("another process holds the key")
+            .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     holder.kill9().await;
-    let killed = Instant::now();
-    let guard = rt
-        .lock(key.as_str())
-        .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("the dead holder's lock expires");
-    assert_between(
-        "acquire after kill -9 of a holder process with lease 1 s",
-        killed.elapsed(),
-        Duration::from_millis(300),
-        Duration::from_millis(3000),
-    );
+    let bounds = Duration::from_millis(300)..=Duration::from_millis(3000);
+    let what = "acquire after kill -9 of a holder process (lease 1 s)";
+    let guard = rt.lock(key.as_str()).held_between(bounds, what).await;
     let fence = guard.fence().expect("fence");
     assert!(
         fence > holder_fence,
@@ -269,21 +228,13 @@ async fn release_wakes_a_waiter_on_every_shard_within_500_ms() {
         let holder = holder_rt
             .lock(key.as_str())
             .lease(LONG_LEASE)
-            .acquire()
-            .await
-            .expect("holder");
-        let waiter = {
-            let (rt, key) = (waiter_rt.clone(), key.clone());
-            tokio::spawn(async move {
-                let guard = rt
-                    .lock(key.as_str())
-                    .lease(LONG_LEASE)
-                    .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await;
-                (guard, Instant::now())
-            })
-        };
+            .held("holder")
+            .await;
+        let waiter = waiter_rt
+            .lock(key.as_str())
+            .lease(LONG_LEASE)
+            .wait(Duration::from_secs(20))
+            .spawn();
         // The waiter subscribes with SSUBSCRIBE on the shard of its key.
         let channel = released_channel(key);
         eventually(
@@ -294,19 +245,8 @@ async fn release_wakes_a_waiter_on_every_shard_within_500_ms() {
         .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!waiter.is_finished(), "the waiter got a held key");
-        let released = Instant::now();
-        holder.release().await.expect("release");
-        let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
-            .await
-            .expect("the waiter wakes")
-            .expect("task");
-        let guard = guard.expect("the waiter acquires");
-        let latency = acquired.saturating_duration_since(released);
-        println!("shard of node {master}: release -> waiter holds in {latency:?}");
-        assert!(
-            latency < Duration::from_millis(500),
-            "{key:?} (node {master}): waiter acquired {latency:?} after the release, lease {LONG_LEASE:?}"
-        );
+        let what = format!("{key:?} (node {master})");
+        let guard = hand_off(holder, waiter, Duration::from_millis(500), &what).await;
         guard.release().await.expect("release");
     }
 }
@@ -329,13 +269,7 @@ async fn watchdog_keeps_one_second_leases_on_every_shard_and_batches_per_slot() 
     let other = runtime(&cluster).await;
     let mut guards = Vec::new();
     for key in &keys {
-        guards.push(
-            rt.lock(key.as_str())
-                .lease(lease)
-                .acquire()
-                .await
-                .expect("acquire"),
-        );
+        guards.push(rt.lock(key.as_str()).lease(lease).held("acquire").await);
     }
     // Renewal calls go to the master of each slot; the locks held there use this many slots.
     let mut slots_there = HashSet::new();
@@ -385,13 +319,10 @@ async fn watchdog_keeps_one_second_leases_on_every_shard_and_batches_per_slot() 
     while start.elapsed() < 2 * window {
         check("phase 2").await;
         for key in &keys {
-            let err = other
+            other
                 .lock(key.as_str())
-                .acquire()
-                .await
-                .map(|_guard| ())
-                .expect_err("a renewed key stays held");
-            assert!(err.is_timeout(), "{key:?}: expected Timeout, got {err:?}");
+                .times_out("a renewed key stays held")
+                .await;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -419,7 +350,7 @@ async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
         let mut last = 0u64;
         for round in 0..6 {
             let rt = if round % 2 == 0 { &a } else { &b };
-            let guard = rt.lock(key.as_str()).acquire().await.expect("acquire");
+            let guard = rt.lock(key.as_str()).held("acquire").await;
             let fence = guard.fence().expect("a fence on Redis Cluster");
             assert!(
                 fence > last,
@@ -433,9 +364,8 @@ async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
             .lock(key.as_str())
             .lease(Duration::from_millis(300))
             .watchdog(false)
-            .acquire()
-            .await
-            .expect("acquire");
+            .held("acquire")
+            .await;
         let expiring_fence = expiring.fence().expect("fence");
         assert!(expiring_fence > last);
         tokio::time::timeout(Duration::from_secs(3), expiring.lost())
@@ -444,9 +374,8 @@ async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
         let next = b
             .lock(key.as_str())
             .wait(Duration::from_secs(3))
-            .acquire()
-            .await
-            .expect("the expired key is free");
+            .held("the expired key is free")
+            .await;
         assert!(
             next.fence().expect("fence") > expiring_fence,
             "{key:?}: fence after an expiry"
@@ -464,18 +393,8 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
     let (kept, dropped, fresh) = (&keys[0], &keys[1], &keys[2]);
     let rt = runtime(&cluster).await;
     let other = runtime(&cluster).await;
-    let kept_guard = rt
-        .lock(kept.as_str())
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
-    let dropped_guard = rt
-        .lock(dropped.as_str())
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquire");
+    let kept_guard = rt.lock(kept.as_str()).lease(lease).held("acquire").await;
+    let dropped_guard = rt.lock(dropped.as_str()).lease(lease).held("acquire").await;
     let owner = cluster
         .hget(&lock_key(kept), "owner")
         .await
@@ -549,21 +468,17 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
         println!("the lock held across the failover was reported lost");
     } else {
         println!("the lock held across the failover is still held, renewed on the new master");
-        let err = other
+        other
             .lock(kept.as_str())
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("a lock renewed on the promoted replica excludes others");
-        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+            .times_out("a lock renewed on the promoted replica excludes others")
+            .await;
         let kept_fence = kept_guard.fence().expect("fence");
         kept_guard.release().await.expect("release");
         // The replicated fence counter keeps growing on the new master.
         let next = other
             .lock(kept.as_str())
-            .acquire()
-            .await
-            .expect("the released key is free");
+            .held("the released key is free")
+            .await;
         assert!(next.fence().expect("fence") > kept_fence);
     }
 }
@@ -581,9 +496,8 @@ async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
     let holder = holder_rt
         .lock(key.as_str())
         .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+        .held("holder")
+        .await;
     let holder_fence = holder.fence().expect("fence");
     let waiter = {
         let (rt, key) = (waiter_rt.clone(), key.clone());
@@ -732,39 +646,6 @@ async fn standalone_server_as_seed_is_a_backend_error() {
     );
 }
 
-#[tokio::test]
-async fn malformed_cluster_config_is_invalid_config() {
-    for url in [
-        "redis+cluster://",
-        "redis+cluster://127.0.0.1:1,,127.0.0.1:2",
-        "redis+cluster://127.0.0.1:1?bogus=1",
-        "redis+cluster://127.0.0.1:1?timeout=soon",
-    ] {
-        let err = Runtime::from_url(url).await.expect_err(url);
-        assert!(
-            err.is_invalid_config(),
-            "{url}: expected InvalidConfig, got {err:?}"
-        );
-    }
-    let err = Runtime::builder()
-        .redis_cluster(Vec::<String>::new())
-        .build()
-        .await
-        .expect_err("no seeds");
-    assert!(err.is_invalid_config(), "no seeds: {err:?}");
-    for seed in ["http://127.0.0.1:1", "not a url"] {
-        let err = Runtime::builder()
-            .redis_cluster([seed])
-            .build()
-            .await
-            .expect_err(seed);
-        assert!(
-            err.is_invalid_config(),
-            "{seed}: expected InvalidConfig, got {err:?}"
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_shard_does_not_cost_locks_on_the_other_shards() {
     let lease = Duration::from_secs(3);
@@ -773,18 +654,11 @@ async fn stalled_shard_does_not_cost_locks_on_the_other_shards() {
     let rt = Runtime::builder()
         .redis_cluster(cluster.seeds())
         .timeout(Duration::from_secs(3))
-        .build()
-        .await
-        .expect("runtime");
+        .built()
+        .await;
     let mut guards = Vec::new();
     for (key, _) in &keys {
-        guards.push(
-            rt.lock(key.as_str())
-                .lease(lease)
-                .acquire()
-                .await
-                .expect("acquire"),
-        );
+        guards.push(rt.lock(key.as_str()).lease(lease).held("acquire").await);
     }
     // One renewal round first, so that the renewal script is cached on every node (its first
     // load goes to every node: see `frozen_master_does_not_block_first_locks_on_the_other_shards`).
@@ -833,9 +707,8 @@ async fn frozen_master_fails_over_and_the_runtime_resumes_on_the_promoted_replic
     let guard = rt
         .lock(keys[0].as_str())
         .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     cluster.pause(master);
     let failover = cluster.wait_for_failover(master).await;
     println!(
@@ -862,9 +735,8 @@ async fn frozen_seed_does_not_prevent_connecting_through_the_others() {
     let rt = Runtime::builder()
         .redis_cluster(seeds)
         .timeout(timeout)
-        .build()
-        .await
-        .expect("five of six seeds answer");
+        .built()
+        .await;
     assert!(
         start.elapsed() < 3 * timeout,
         "build took {:?}",
@@ -872,7 +744,7 @@ async fn frozen_seed_does_not_prevent_connecting_through_the_others() {
     );
     for (key, master) in cluster.one_key_per_master("frozen-seed").await {
         let start = Instant::now();
-        let guard = rt.lock(key.as_str()).acquire().await.expect("acquire");
+        let guard = rt.lock(key.as_str()).held("acquire").await;
         println!("node {master}: acquired in {:?}", start.elapsed());
         guard.release().await.expect("release");
     }
@@ -911,40 +783,9 @@ async fn frozen_master_does_not_block_first_locks_on_the_other_shards() {
 /// a separate plain redis-server (GET, sleep, SET: exact only under mutual exclusion).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_on_the_cluster_increment_a_counter_exactly() {
-    const PROCESSES: u64 = 3;
-    const ITERATIONS: u64 = 30;
-    let cluster = RedisCluster::start();
-    let store = RedisServer::start();
-    let url = cluster.url();
-    let store_url = store.url();
-    let iterations = ITERATIONS.to_string();
-    let mut holders: Vec<HolderProcess> = (0..PROCESSES)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--counter-url",
-                    &store_url,
-                    "--key",
-                    "cluster:processes",
-                    "--mode",
-                    "counter",
-                    "--iterations",
-                    &iterations,
-                    "--counter",
-                    "counter:cluster-processes",
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        let status = holder.wait(Duration::from_secs(120)).await;
-        assert!(status.success(), "dlock-holder failed: {status}");
-    }
-    let total: u64 = store
-        .query(redis::cmd("GET").arg("counter:cluster-processes"))
-        .await;
-    assert_eq!(total, PROCESSES * ITERATIONS);
+    const RUNS: (u64, u64) = (3, 30);
+    let (cluster, store) = (RedisCluster::start(), RedisServer::start());
+    let (url, key) = (cluster.url(), "cluster:processes");
+    let total = count_in_processes(Counting::Guard, &url, &store, key, RUNS).await;
+    assert_eq!(total, RUNS.0 * RUNS.1);
 }

@@ -6,7 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{Backend, HolderProcess, RedisServer, Runtime, on_both_backends};
+use dlock_tests::{
+    AcquireExt, Backend, Counting, HoldExt, RedisServer, count_in_processes, finish_within,
+    on_both_backends, redis_with_runtime,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const TASKS: u64 = 50;
@@ -16,8 +19,7 @@ on_both_backends!(wait_zero_is_one_attempt);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_increment_counter_in_redis_exactly() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "exclusion:redis-counter";
     let counter_key = "counter:redis-counter";
     let tasks: Vec<_> = (0..TASKS)
@@ -30,13 +32,7 @@ async fn tasks_increment_counter_in_redis_exactly() {
                     .await
                     .expect("connect");
                 for _ in 0..INCREMENTS {
-                    let guard = rt
-                        .lock(key)
-                        .lease(LEASE)
-                        .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .expect("acquire");
+                    let guard = rt.hold_within(key, LEASE, Duration::from_secs(60)).await;
                     let value: Option<u64> = redis::cmd("GET")
                         .arg(counter_key)
                         .query_async(&mut conn)
@@ -54,59 +50,23 @@ async fn tasks_increment_counter_in_redis_exactly() {
             })
         })
         .collect();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("tasks finish")
-            .expect("task succeeds");
-    }
+    finish_within(tasks, Duration::from_secs(120)).await;
     let total: u64 = server.query(redis::cmd("GET").arg(counter_key)).await;
     assert_eq!(total, TASKS * INCREMENTS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_increment_counter_in_redis_exactly() {
-    const PROCESSES: u64 = 4;
-    const ITERATIONS: u64 = 50;
+    const RUNS: (u64, u64) = (4, 50);
     let server = RedisServer::start();
-    let url = server.url();
-    let iterations = ITERATIONS.to_string();
-    let mut holders: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--key",
-                    "exclusion:processes",
-                    "--mode",
-                    "counter",
-                    "--iterations",
-                    &iterations,
-                    "--counter",
-                    "counter:processes",
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        let status = holder.wait(Duration::from_secs(120)).await;
-        assert!(status.success(), "dlock-holder failed: {status}");
-        assert_eq!(
-            holder.next_line(Duration::from_secs(1)).await,
-            format!("done {ITERATIONS}")
-        );
-    }
-    let total: u64 = server
-        .query(redis::cmd("GET").arg("counter:processes"))
-        .await;
-    assert_eq!(total, PROCESSES * ITERATIONS);
+    let (url, key) = (server.url(), "exclusion:processes");
+    let total = count_in_processes(Counting::Guard, &url, &server, key, RUNS).await;
+    assert_eq!(total, RUNS.0 * RUNS.1);
 }
 
 async fn wait_zero_is_one_attempt(b: Backend) {
     let key = "exclusion:wait-zero";
-    let _holder = b.rt.lock(key).lease(LEASE).acquire().await.expect("holder");
+    let _holder = b.rt.lock(key).lease(LEASE).held("holder").await;
     let scripts_before = match &b.server {
         Some(server) => server.script_calls().await,
         None => 0,

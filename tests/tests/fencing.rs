@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{RedisServer, Runtime, fence_key};
+use dlock_tests::{Runtime, fence_key, redis_with_runtime};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -31,8 +31,7 @@ async fn acquire_fence_eventually(rt: &Runtime, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_after_empty_server_restart_exceeds_all_earlier() {
-    let mut server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (mut server, rt) = redis_with_runtime().await;
     let key = "fencing:restart";
     let mut earlier = Vec::new();
     for _ in 0..5 {
@@ -58,8 +57,7 @@ async fn fence_after_empty_server_restart_exceeds_all_earlier() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_after_counter_key_loss_exceeds_all_earlier() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "fencing:counter-lost";
     let mut earlier = Vec::new();
     for _ in 0..5 {

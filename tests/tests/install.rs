@@ -6,15 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_runtime::{LockError, current_fence, with_lock};
-use dlock_tests::Runtime;
+use dlock_tests::{AcquireExt, BuildExt, Runtime};
 
 async fn memory_runtime(prefix: &str) -> Runtime {
-    Runtime::builder()
-        .memory()
-        .key_prefix(prefix)
-        .build()
-        .await
-        .expect("memory runtime")
+    Runtime::builder().memory().key_prefix(prefix).built().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,10 +20,8 @@ async fn install_lifecycle_not_installed_then_installed_then_already_installed()
         .expect_err("nothing installed yet");
     assert!(matches!(err, LockError::NotInstalled), "got {err:?}");
     let err = dlock_runtime::lock("install:k")
-        .acquire()
-        .await
-        .map(|_guard| ())
-        .expect_err("lock() before install");
+        .refused("lock() before install")
+        .await;
     assert!(matches!(err, LockError::NotInstalled), "got {err:?}");
     let body_ran = AtomicBool::new(false);
     let err = with_lock(dlock_runtime::lock("install:k"), async {
@@ -51,9 +44,8 @@ async fn install_lifecycle_not_installed_then_installed_then_already_installed()
     );
     let guard = dlock_runtime::lock("install:k")
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("lock() after install");
+        .held("lock() after install")
+        .await;
     assert!(guard.fence().is_some());
     assert!(global.is_locked("install:k").await.expect("is_locked"));
     guard.release().await.expect("release");
@@ -100,9 +92,8 @@ async fn current_inside_scope_is_the_scoped_runtime() {
                     assert_eq!(Runtime::current().expect("inner").key_prefix(), "inner:");
                     // lock() resolves the runtime at acquire time: the scoped one.
                     let guard = dlock_runtime::lock("scope:k")
-                        .acquire()
-                        .await
-                        .expect("lock() inside a scope");
+                        .held("lock() inside a scope")
+                        .await;
                     assert!(inner.is_locked("scope:k").await.expect("is_locked"));
                     guard.release().await.expect("release");
                 })

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_tests::{Backend, RedisServer, Runtime, on_both_backends};
+use dlock_tests::{AcquireExt, Backend, BuildExt, RedisServer, Runtime, on_both_backends};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -17,12 +17,7 @@ on_both_backends!(
 /// Acquire, check the hold (raw hash on Redis), exclusion against a second acquirer, release.
 async fn check_key(b: &Backend, key: &str) {
     let other = b.other_runtime().await;
-    let guard =
-        b.rt.lock(key)
-            .lease(LEASE)
-            .acquire()
-            .await
-            .expect("acquire");
+    let guard = b.rt.lock(key).lease(LEASE).held("acquire").await;
     assert_eq!(guard.key(), key);
     assert!(
         b.is_held(key).await,
@@ -32,21 +27,16 @@ async fn check_key(b: &Backend, key: &str) {
     let err = other
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_guard| ())
-        .expect_err("a second acquirer must be excluded");
-    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        .times_out("a second acquirer must be excluded")
+        .await;
     assert_eq!(err.key(), Some(key));
     guard.release().await.expect("release");
     assert!(!b.is_held(key).await, "released: {key:?}");
-    let again = other
+    other
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("free after release");
-    again.release().await.expect("release");
+        .cycled("free after release")
+        .await;
 }
 
 async fn key_with_spaces_works(b: Backend) {
@@ -73,19 +63,13 @@ async fn custom_key_prefix_is_used_and_separates_namespaces() {
     let app1 = Runtime::builder()
         .redis(server.url())
         .key_prefix("app1:")
-        .build()
-        .await
-        .expect("runtime");
+        .built()
+        .await;
     assert_eq!(app1.key_prefix(), "app1:");
     let default = Runtime::from_url(&server.url()).await.expect("runtime");
     assert_eq!(default.key_prefix(), "dlock:");
 
-    let guard = app1
-        .lock("shared")
-        .lease(LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = app1.lock("shared").lease(LEASE).held("acquire").await;
     assert!(
         server.exists("app1:{shared}").await,
         "lock hash at <prefix>{{<key>}}"
@@ -94,9 +78,8 @@ async fn custom_key_prefix_is_used_and_separates_namespaces() {
     let other = default
         .lock("shared")
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("another prefix is another namespace");
+        .held("another prefix is another namespace")
+        .await;
     assert!(server.exists("dlock:{shared}").await);
     guard.release().await.expect("release");
     other.release().await.expect("release");

@@ -6,23 +6,20 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{RedisServer, Runtime, eventually, released_channel};
+use dlock_tests::{
+    AcquireExt, HoldExt, RedisServer, Runtime, eventually, finish_within, redis_with_runtime,
+    released_channel,
+};
 
 /// Long enough that a TTL-bounded retry cannot explain any wake-up in these tests.
 const LEASE: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_does_not_poll_while_the_key_is_held() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "notify:no-poll";
     let holder_rt = Runtime::from_url(&server.url()).await.expect("runtime");
-    let holder = holder_rt
-        .lock(key)
-        .lease(LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+    let holder = holder_rt.lock(key).lease(LEASE).held("holder").await;
     let waiter = {
         let rt = rt.clone();
         tokio::spawn(async move {
@@ -68,21 +65,14 @@ async fn subscribed_clients(server: &RedisServer) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_waiters_on_one_key_share_one_subscription() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "notify:shared-subscription";
-    let holder = rt.lock(key).lease(LEASE).acquire().await.expect("holder");
+    let holder = rt.lock(key).lease(LEASE).held("holder").await;
     let waiters: Vec<_> = (0..10)
         .map(|_| {
             let rt = rt.clone();
             tokio::spawn(async move {
-                let guard = rt
-                    .lock(key)
-                    .lease(LEASE)
-                    .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await
-                    .expect("waiter acquires");
+                let guard = rt.hold_within(key, LEASE, Duration::from_secs(20)).await;
                 guard.release().await.expect("release");
             })
         })
@@ -107,18 +97,12 @@ async fn local_waiters_on_one_key_share_one_subscription() {
         );
     }
     holder.release().await.expect("release");
-    for waiter in waiters {
-        tokio::time::timeout(Duration::from_secs(20), waiter)
-            .await
-            .expect("all waiters get the key in turn")
-            .expect("task");
-    }
+    finish_within(waiters, Duration::from_secs(20)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_key_handoffs_do_not_stampede_the_server() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     hot_key_handoffs(&server, &[rt]).await;
 }
 
@@ -136,14 +120,7 @@ async fn hot_key_handoffs(server: &RedisServer, runtimes: &[Runtime]) {
     const EACH: u64 = 10;
     let key = "notify:hot";
     // Load the scripts before counting.
-    runtimes[0]
-        .lock(key)
-        .acquire()
-        .await
-        .expect("warm up")
-        .release()
-        .await
-        .expect("release");
+    runtimes[0].lock(key).cycled("warm up").await;
     let before = server.script_calls().await;
     let start = Instant::now();
     let tasks: Vec<_> = (0..TASKS)
@@ -151,25 +128,14 @@ async fn hot_key_handoffs(server: &RedisServer, runtimes: &[Runtime]) {
             let rt = runtimes[i as usize % runtimes.len()].clone();
             tokio::spawn(async move {
                 for _ in 0..EACH {
-                    let guard = rt
-                        .lock(key)
-                        .lease(LEASE)
-                        .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .expect("acquire");
+                    let guard = rt.hold_within(key, LEASE, Duration::from_secs(60)).await;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     guard.release().await.expect("release");
                 }
             })
         })
         .collect();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("hand-offs finish")
-            .expect("task");
-    }
+    finish_within(tasks, Duration::from_secs(120)).await;
     let scripts = server.script_calls().await - before;
     let acquisitions = TASKS * EACH;
     let per_acquisition = scripts as f64 / acquisitions as f64;

@@ -1,19 +1,22 @@
-//! Redlock over N independent `redis-server`s, under real faults: a minority killed or paused
-//! still locks (and a paused node costs at most the per-node timeout), a majority killed is a
-//! `Backend` error saying the quorum was not reached, a node restarted empty does not let a
-//! second holder in, a killed holder process frees the key on every node after about one
-//! lease, renewal keeps a short lease alive and `lost()` fires when it loses the majority;
-//! plus mutual exclusion, no fence, lease bounds, URL/builder and release notifications.
+//! What is particular to Redlock, over N independent `redis-server`s under real faults: a
+//! minority killed or paused still locks (and a paused node costs at most the per-node
+//! timeout), a majority killed is a `Backend` error saying the quorum was not reached, a node
+//! restarted empty does not let a second holder in, a killed holder process frees the key on
+//! every node after about one lease, renewal keeps a short lease alive on every node and
+//! `lost()` fires when it loses the majority; plus exclusion across processes, `valid_for`,
+//! lease bounds, the URL's node timeout and release notifications on every node. The behaviours
+//! every engine shares are in the conformance suite (`tests/conformance/`).
 //!
 //! Timing bounds are generous: the box has two cores shared by up to five servers per test.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockError, current_fence, with_lock};
+use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{
-    HolderProcess, RedisServer, Runtime, assert_between, eventually, lock_key, released_channel,
+    AcquireExt, BuildExt, Counting, HoldExt, LONG_LEASE, RedisServer, Runtime, SetOnDrop,
+    assert_between, count_in_processes, eventually, hold_in_process, lock_key, released_channel,
 };
 
 /// Per-node timeout of the tests that are not about timing: a loaded box must not turn a
@@ -67,9 +70,8 @@ impl Nodes {
         Runtime::builder()
             .redlock(self.urls())
             .node_timeout(node_timeout)
-            .build()
+            .built()
             .await
-            .expect("build a redlock runtime")
     }
 
     /// kill -9 of node `i`.
@@ -154,15 +156,6 @@ async fn wait_for_renewal(server: &RedisServer, key: &str, within: Duration) -> 
     }
 }
 
-/// Sets a flag when dropped: tells whether a body future was dropped (cancelled).
-struct SetOnDrop(Arc<AtomicBool>);
-
-impl Drop for SetOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
     let mut nodes = Nodes::start(5);
@@ -171,24 +164,15 @@ async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
     // Connect every client to every node first, so the kill breaks live connections.
     for r in [&rt, &other] {
         r.lock("redlock:warm-up")
-            .acquire()
-            .await
-            .expect("warm-up acquire on 5 live nodes")
-            .release()
-            .await
-            .expect("warm-up release");
+            .cycled("warm-up acquire on 5 live nodes")
+            .await;
     }
     nodes.kill9(1);
     nodes.kill9(3);
 
     let key = "redlock:two-of-five-down";
     let start = Instant::now();
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .expect("3 of 5 nodes are a majority: acquire must succeed");
+    let guard = rt.hold(key, Duration::from_secs(30)).await;
     let took = start.elapsed();
     println!("acquire with 2 of 5 nodes killed took {took:?}");
     assert!(
@@ -207,24 +191,18 @@ async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
         );
     }
 
-    let err = other
+    other
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("a second runtime must be excluded");
-    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        .times_out("a second runtime must be excluded")
+        .await;
     let wait = Duration::from_millis(300);
     let start = Instant::now();
-    let err = other
+    other
         .lock(key)
         .wait(wait)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("a second runtime must be excluded while waiting");
-    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        .times_out("a second runtime must be excluded while waiting")
+        .await;
     assert_between(
         "excluded waiter with wait = 300 ms",
         start.elapsed(),
@@ -237,13 +215,11 @@ async fn five_nodes_with_two_killed_acquire_exclude_and_release() {
     nodes
         .assert_on_every_live_node(key, false, "after release")
         .await;
-    let next = other
+    other
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("the released key is free for the second runtime");
-    next.release().await.expect("release");
+        .cycled("the released key is free for the second runtime")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,12 +227,8 @@ async fn five_nodes_with_three_killed_fail_with_quorum_not_reached() {
     let mut nodes = Nodes::start(5);
     let rt = nodes.runtime(Duration::from_millis(200)).await;
     rt.lock("redlock:warm-up")
-        .acquire()
-        .await
-        .expect("warm-up acquire on 5 live nodes")
-        .release()
-        .await
-        .expect("warm-up release");
+        .cycled("warm-up acquire on 5 live nodes")
+        .await;
     for i in [0, 2, 4] {
         nodes.kill9(i);
     }
@@ -267,10 +239,8 @@ async fn five_nodes_with_three_killed_fail_with_quorum_not_reached() {
         .lock(key)
         .lease(Duration::from_secs(30))
         .wait(Duration::from_secs(1))
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("2 of 5 nodes are no majority: acquire must fail");
+        .refused("2 of 5 nodes are no majority: acquire must fail")
+        .await;
     let took = start.elapsed();
     println!("no-quorum error after {took:?}: {err}");
     assert!(
@@ -298,10 +268,8 @@ async fn five_nodes_with_three_killed_fail_with_quorum_not_reached() {
     let err = rt
         .lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("no majority");
+        .refused("no majority")
+        .await;
     assert!(err.is_backend(), "expected Backend, got {err:?}");
 }
 
@@ -312,13 +280,7 @@ async fn paused_node_does_not_stall_acquire_beyond_node_timeout() {
     const WITHIN: Duration = Duration::from_secs(1);
     let mut nodes = Nodes::start(3);
     let warm = nodes.runtime(NODE_TIMEOUT).await;
-    warm.lock("redlock:warm-up")
-        .acquire()
-        .await
-        .expect("warm-up acquire")
-        .release()
-        .await
-        .expect("warm-up release");
+    warm.lock("redlock:warm-up").cycled("warm-up acquire").await;
     nodes.servers[2].pause();
     // A runtime whose first connection to the paused node happens during the pause.
     let cold = nodes.runtime(NODE_TIMEOUT).await;
@@ -383,9 +345,8 @@ async fn paused_node_does_not_stall_acquire_beyond_node_timeout() {
     // And it votes again.
     let guard = warm
         .lock("redlock:paused-node:after")
-        .acquire()
-        .await
-        .expect("acquire after resume");
+        .held("acquire after resume")
+        .await;
     eventually(
         Duration::from_secs(3),
         "the resumed node holds the new lock",
@@ -405,21 +366,9 @@ async fn node_restarted_empty_does_not_admit_a_second_holder() {
     let a = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:restarted-node";
-    let guard = a
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .expect("A acquires");
+    let guard = a.hold(key, Duration::from_secs(30)).await;
     // B is connected to every node before the restart (its connection to node 1 breaks).
-    let err = b
-        .lock(key)
-        .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("A holds");
-    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+    b.lock(key).wait(Duration::ZERO).times_out("A holds").await;
 
     nodes.servers[1].restart();
     assert!(
@@ -427,27 +376,18 @@ async fn node_restarted_empty_does_not_admit_a_second_holder() {
         "the restarted node must come back empty"
     );
 
-    let err = b
-        .lock(key)
+    b.lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("A still holds a majority (nodes 0 and 2): B must be refused");
-    assert!(
-        err.is_timeout(),
-        "wait 0 after the restart: expected Timeout, got {err:?}"
-    );
+        .times_out("A still holds a majority (nodes 0 and 2): B must be refused")
+        .await;
     let scripts_before = nodes.servers[0].script_calls().await;
     let wait = Duration::from_millis(500);
     let start = Instant::now();
     let err = b
         .lock(key)
         .wait(wait)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("A still holds a majority: B must be refused while waiting");
+        .refused("A still holds a majority: B must be refused while waiting")
+        .await;
     let took = start.elapsed();
     let scripts = nodes.servers[0].script_calls().await - scripts_before;
     println!(
@@ -482,13 +422,10 @@ async fn node_restarted_empty_does_not_admit_a_second_holder() {
         "a majority still holds the key"
     );
     guard.release().await.expect("A releases");
-    let next = b
-        .lock(key)
+    b.lock(key)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("B acquires once A released");
-    next.release().await.expect("B releases");
+        .cycled("B acquires once A released")
+        .await;
 }
 
 /// A waiter facing a holder with a majority sleeps until that holder's TTL or a release
@@ -503,12 +440,7 @@ async fn waiter_against_a_majority_holder_waits_instead_of_polling() {
     let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:majority-holder";
     let wait = Duration::from_secs(1);
-    let guard = a
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .expect("A acquires");
+    let guard = a.hold(key, Duration::from_secs(30)).await;
     let mut scripts = Vec::new();
     for missing_on_one_node in [false, true] {
         if missing_on_one_node {
@@ -516,14 +448,7 @@ async fn waiter_against_a_majority_holder_waits_instead_of_polling() {
             assert!(nodes.servers[1].del(&lock_key(key)).await);
         }
         let before = nodes.servers[0].script_calls().await;
-        let err = b
-            .lock(key)
-            .wait(wait)
-            .acquire()
-            .await
-            .map(|_g| ())
-            .expect_err("A holds a majority");
-        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        b.lock(key).wait(wait).times_out("A holds a majority").await;
         scripts.push(nodes.servers[0].script_calls().await - before);
     }
     println!(
@@ -548,24 +473,8 @@ async fn killed_holder_process_frees_key_on_every_node_after_about_one_lease() {
     let nodes = Nodes::start(3);
     let key = "redlock:killed-holder";
     let url = nodes.redlock_url("node_timeout=500ms");
-    let mut holder = HolderProcess::spawn(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &url,
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "1000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    assert_eq!(
-        line, "acquired none",
-        "a Redlock holder has no fence to print"
-    );
+    let (mut holder, holder_fence) = hold_in_process(&url, key, 1000, &[]).await;
+    assert_eq!(holder_fence, None, "a Redlock holder has no fence to print");
     // Past the 1 s lease: the holder's watchdog keeps it on every node.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let dead_owner = nodes.owner_on(0, key).await.expect("held on node 0");
@@ -584,22 +493,13 @@ async fn killed_holder_process_frees_key_on_every_node_after_about_one_lease() {
 
     let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     holder.kill9().await;
-    let killed = Instant::now();
+    let bounds = Duration::from_millis(400)..=Duration::from_secs(4);
+    let what = "acquire after kill -9 of a Redlock holder (lease 1 s)";
     let guard = rt
         .lock(key)
-        .lease(Duration::from_secs(30))
-        .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("the dead holder's lock expires");
-    let took = killed.elapsed();
-    println!("acquired {took:?} after kill -9 of a holder with lease 1 s");
-    assert_between(
-        "acquire after kill -9 of a Redlock holder with lease 1 s",
-        took,
-        Duration::from_millis(400),
-        Duration::from_secs(4),
-    );
+        .lease(LONG_LEASE)
+        .held_between(bounds, what)
+        .await;
     for (i, _) in nodes.live() {
         assert_ne!(
             nodes.owner_on(i, key).await.as_deref(),
@@ -619,7 +519,7 @@ async fn renewal_losing_majority_resolves_lost() {
     let mut nodes = Nodes::start(3);
     let rt = nodes.runtime(Duration::from_millis(100)).await;
     let key = "redlock:lost-majority";
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
     // Kill right after a renewal, so the confirmed validity is about one full lease.
     let renewed = wait_for_renewal(&nodes.servers[0], key, Duration::from_secs(3)).await;
     nodes.kill9(1);
@@ -720,7 +620,7 @@ async fn renewal_keeps_one_second_lease_alive_for_four_seconds() {
     let rt = nodes.runtime(Duration::from_millis(250)).await;
     let other = nodes.runtime(Duration::from_millis(250)).await;
     let key = "redlock:renewed";
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
     let start = Instant::now();
     let mut killed_one = false;
     let mut checks = 0;
@@ -738,18 +638,11 @@ async fn renewal_keeps_one_second_lease_alive_for_four_seconds() {
                 start.elapsed()
             );
         }
-        let err = other
+        other
             .lock(key)
             .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .map(|_g| ())
-            .expect_err("another runtime must be refused while the watchdog renews");
-        assert!(
-            err.is_timeout(),
-            "after {:?}: expected Timeout, got {err:?}",
-            start.elapsed()
-        );
+            .times_out("another runtime must be refused while the watchdog renews")
+            .await;
         assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
         checks += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -765,89 +658,16 @@ async fn renewal_keeps_one_second_lease_alive_for_four_seconds() {
         .await;
 }
 
+/// Right after acquiring, `valid_for()` is the lease minus Redlock's clock-drift allowance,
+/// less the time the acquisition took. (No fence on Redlock: the conformance suite.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tasks_on_two_runtimes_increment_counter_exactly() {
-    const TASKS_PER_RUNTIME: usize = 15;
-    const INCREMENTS: u64 = 8;
-    let nodes = Nodes::start(3);
-    let runtimes = [
-        nodes.runtime(RELAXED_NODE_TIMEOUT).await,
-        nodes.runtime(RELAXED_NODE_TIMEOUT).await,
-    ];
-    let key = "redlock:counter";
-    // The counter lives in node 0, next to (not inside) the lock.
-    let counter_key = "counter:redlock";
-    let inside = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for rt in &runtimes {
-        for _ in 0..TASKS_PER_RUNTIME {
-            let (rt, inside) = (rt.clone(), inside.clone());
-            let client = nodes.servers[0].client();
-            tasks.push(tokio::spawn(async move {
-                let mut conn = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect to node 0");
-                for _ in 0..INCREMENTS {
-                    let guard = rt
-                        .lock(key)
-                        .lease(Duration::from_secs(30))
-                        .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .expect("acquire");
-                    let others = inside.fetch_add(1, Ordering::SeqCst);
-                    assert_eq!(others, 0, "another holder is inside the critical section");
-                    let value: Option<u64> = redis::cmd("GET")
-                        .arg(counter_key)
-                        .query_async(&mut conn)
-                        .await
-                        .expect("GET");
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    let () = redis::cmd("SET")
-                        .arg(counter_key)
-                        .arg(value.unwrap_or(0) + 1)
-                        .query_async(&mut conn)
-                        .await
-                        .expect("SET");
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    guard.release().await.expect("release");
-                }
-            }));
-        }
-    }
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
-            .await
-            .expect("tasks finish")
-            .expect("task succeeds");
-    }
-    let expected = 2 * TASKS_PER_RUNTIME as u64 * INCREMENTS;
-    println!(
-        "{expected} increments by {} tasks over 2 Redlock runtimes took {:?}",
-        2 * TASKS_PER_RUNTIME,
-        start.elapsed()
-    );
-    let total: u64 = nodes.servers[0]
-        .query(redis::cmd("GET").arg(counter_key))
-        .await;
-    assert_eq!(total, expected, "lost updates: mutual exclusion failed");
-    nodes
-        .assert_on_every_live_node(key, false, "after every task released")
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fence_is_none_and_valid_for_is_within_the_lease() {
+async fn valid_for_is_within_the_lease_minus_the_drift() {
     let nodes = Nodes::start(3);
     let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
-    let key = "redlock:fence";
     let lease = Duration::from_secs(10);
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt.hold("redlock:valid-for", lease).await;
     let valid = guard.valid_for();
     println!("valid_for right after acquiring with lease {lease:?}: {valid:?}");
-    assert_eq!(guard.fence(), None, "Redlock must not claim a fence");
     assert!(valid > Duration::ZERO, "valid_for must be positive");
     assert!(
         valid <= lease - drift(lease),
@@ -859,13 +679,6 @@ async fn fence_is_none_and_valid_for_is_within_the_lease() {
         "valid_for {valid:?} is far below the lease right after acquiring"
     );
     guard.release().await.expect("release");
-    let fence = rt
-        .scope(with_lock(rt.lock(key).lease(lease), async {
-            current_fence()
-        }))
-        .await
-        .expect("with_lock");
-    assert_eq!(fence, None, "current_fence() under Redlock must be None");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -882,10 +695,8 @@ async fn one_millisecond_lease_is_invalid_config() {
         let err = rt
             .lock(key)
             .lease(lease)
-            .acquire()
-            .await
-            .map(|_g| ())
-            .expect_err("a lease shorter than Redlock's allowances must be refused");
+            .refused("a lease shorter than Redlock's allowances must be refused")
+            .await;
         assert!(
             matches!(err, LockError::InvalidConfig(_)),
             "lease {lease:?}: expected InvalidConfig, got {err:?}"
@@ -924,7 +735,7 @@ async fn thirty_day_lease_acquires_and_releases() {
     let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:huge-lease";
     let lease = Duration::from_secs(30 * 24 * 3600);
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
     let lease_ms = i64::try_from(lease.as_millis()).expect("fits");
     for (i, server) in nodes.live() {
         let pttl = server.pttl(&lock_key(key)).await;
@@ -944,17 +755,10 @@ async fn thirty_day_lease_acquires_and_releases() {
         .assert_on_every_live_node(key, false, "after release")
         .await;
     // Past the documented maximum (one year) is a configuration error, not an overflow.
-    let err = rt
-        .lock(key)
+    rt.lock(key)
         .lease(Duration::from_secs(2 * 365 * 24 * 3600))
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("two years is over the maximum lease");
-    assert!(
-        err.is_invalid_config(),
-        "expected InvalidConfig, got {err:?}"
-    );
+        .invalid_config("two years is over the maximum lease")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -967,24 +771,12 @@ async fn url_with_node_timeout_works_against_real_servers() {
     assert_eq!(rt.engine(), "redlock");
     let other = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:from-url";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("acquire through the URL runtime");
+    let guard = rt.hold(key, Duration::from_secs(10)).await;
     assert!(guard.fence().is_none());
     nodes
         .assert_on_every_live_node(key, true, "held through the URL runtime")
         .await;
-    let err = other
-        .lock(key)
-        .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("held");
-    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+    other.lock(key).wait(Duration::ZERO).times_out("held").await;
     guard.release().await.expect("release");
     nodes
         .assert_on_every_live_node(key, false, "after release")
@@ -1003,93 +795,31 @@ async fn url_with_node_timeout_works_against_real_servers() {
         "{url}: a 60 ms lease must pass with node_timeout=50ms: {with_url:?}"
     );
     let default_url = nodes.redlock_url("");
-    let with_default = Runtime::from_url(&default_url)
+    Runtime::from_url(&default_url)
         .await
         .expect("runtime")
         .lock("redlock:from-url:short")
         .lease(short)
-        .acquire()
-        .await
-        .map(|_g| ())
-        .expect_err("60 ms is below the default node timeout's allowance");
-    assert!(
-        with_default.is_invalid_config(),
-        "expected InvalidConfig, got {with_default:?}"
-    );
+        .invalid_config("60 ms is below the default node timeout's allowance")
+        .await;
 }
 
+/// A waiter on a Redlock key listens on the release channel of every node, so that a release
+/// reaching any majority wakes it. (The wake-up latency: the conformance suite.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fewer_than_three_nodes_is_invalid_config() {
-    for url in [
-        "redlock://127.0.0.1:1",
-        "redlock://127.0.0.1:1,127.0.0.1:2",
-        "redlock://127.0.0.1:1,127.0.0.1:2?node_timeout=50ms",
-    ] {
-        let err = Runtime::from_url(url).await.expect_err(url);
-        assert!(
-            err.is_invalid_config(),
-            "{url}: expected InvalidConfig, got {err:?}"
-        );
-        assert!(
-            err.to_string().contains("at least 3"),
-            "{url}: the message should say how many nodes are needed: {err}"
-        );
-    }
-    for urls in [
-        vec![],
-        vec!["redis://127.0.0.1:1"],
-        vec!["redis://127.0.0.1:1", "redis://127.0.0.1:2"],
-    ] {
-        let err = Runtime::builder()
-            .redlock(urls.clone())
-            .build()
-            .await
-            .expect_err("fewer than 3 nodes");
-        assert!(
-            err.is_invalid_config(),
-            "{urls:?}: expected InvalidConfig, got {err:?}"
-        );
-    }
-    for bad in [
-        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=0s",
-        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=soon",
-        "redlock://127.0.0.1:1,,127.0.0.1:3",
-    ] {
-        let err = Runtime::from_url(bad).await.expect_err(bad);
-        assert!(
-            err.is_invalid_config(),
-            "{bad}: expected InvalidConfig, got {err:?}"
-        );
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_wakes_a_waiter_on_another_runtime_quickly() {
+async fn waiter_subscribes_on_every_node() {
     let nodes = Nodes::start(3);
     let a = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:notified";
-    let lease = Duration::from_secs(30);
-    let guard = a
-        .lock(key)
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("A acquires");
+    let guard = a.lock(key).held("A acquires").await;
     let waiter = tokio::spawn(async move {
-        let out = b
-            .lock(key)
-            .lease(lease)
+        b.lock(key)
             .wait(Duration::from_secs(10))
             .acquire()
-            .await;
-        let at = Instant::now();
-        if let Ok(guard) = &out {
-            assert!(guard.fence().is_none());
-        }
-        (out.map(drop), at)
+            .await
+            .map(drop)
     });
-    // The waiter listens on every node's release channel.
     let channel = released_channel(key);
     for (i, server) in nodes.live() {
         eventually(
@@ -1099,21 +829,12 @@ async fn release_wakes_a_waiter_on_another_runtime_quickly() {
         )
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!waiter.is_finished(), "the waiter must wait while A holds");
-    let released = Instant::now();
     guard.release().await.expect("A releases");
-    let (out, acquired_at) = tokio::time::timeout(Duration::from_secs(15), waiter)
+    tokio::time::timeout(Duration::from_secs(15), waiter)
         .await
         .expect("the waiter finishes")
-        .expect("waiter task");
-    out.expect("the waiter acquires after the release");
-    let latency = acquired_at.saturating_duration_since(released);
-    println!("waiter acquired {latency:?} after the release (holder's lease 30 s)");
-    assert!(
-        latency < Duration::from_millis(500),
-        "the waiter took {latency:?} after the release: the notification did not wake it"
-    );
+        .expect("waiter task")
+        .expect("the waiter acquires after the release");
 }
 
 /// Several OS processes, each with its own Redlock runtime on the same three nodes, increment
@@ -1121,40 +842,13 @@ async fn release_wakes_a_waiter_on_another_runtime_quickly() {
 /// mutual exclusion).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_on_redlock_increment_a_counter_exactly() {
-    const PROCESSES: u64 = 3;
-    const ITERATIONS: u64 = 30;
-    let nodes = Nodes::start(3);
-    let store = RedisServer::start();
+    const RUNS: (u64, u64) = (3, 30);
+    let (nodes, store) = (Nodes::start(3), RedisServer::start());
     let url = nodes.redlock_url("node_timeout=500ms");
-    let store_url = store.url();
-    let iterations = ITERATIONS.to_string();
-    let mut holders: Vec<HolderProcess> = (0..PROCESSES)
-        .map(|_| {
-            HolderProcess::spawn(
-                env!("CARGO_BIN_EXE_dlock-holder"),
-                &[
-                    "--url",
-                    &url,
-                    "--counter-url",
-                    &store_url,
-                    "--key",
-                    "redlock:processes",
-                    "--mode",
-                    "counter",
-                    "--iterations",
-                    &iterations,
-                    "--counter",
-                    "counter:redlock-processes",
-                ],
-            )
-        })
-        .collect();
-    for holder in &mut holders {
-        let status = holder.wait(Duration::from_secs(120)).await;
-        assert!(status.success(), "dlock-holder failed: {status}");
-    }
-    let total: u64 = store
-        .query(redis::cmd("GET").arg("counter:redlock-processes"))
+    let key = "redlock:processes";
+    let total = count_in_processes(Counting::Guard, &url, &store, key, RUNS).await;
+    assert_eq!(total, RUNS.0 * RUNS.1);
+    nodes
+        .assert_on_every_live_node(key, false, "after every process released")
         .await;
-    assert_eq!(total, PROCESSES * ITERATIONS);
 }

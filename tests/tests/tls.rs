@@ -8,7 +8,10 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{RedisServer, Runtime, assert_between, lock_key};
+use dlock_tests::{
+    AcquireExt, HoldExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on, lock_key,
+    release_wakes_the_waiter,
+};
 
 /// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
 const LEASE: Duration = Duration::from_secs(30);
@@ -29,7 +32,7 @@ async fn tls_acquire_excludes_a_second_runtime_until_release() {
     let b = tls_runtime(&server).await;
     let key = "tls:exclusion";
 
-    let guard = a.lock(key).lease(LEASE).acquire().await.expect("acquire");
+    let guard = a.lock(key).lease(LEASE).held("acquire").await;
     assert!(guard.fence().is_some(), "a Redis lock has a fence");
     // The raw client goes over TLS too: the hash is really there, with our fence.
     assert!(server.exists(&lock_key(key)).await, "lock hash missing");
@@ -43,11 +46,8 @@ async fn tls_acquire_excludes_a_second_runtime_until_release() {
         .lock(key)
         .lease(LEASE)
         .wait(Duration::from_millis(300))
-        .acquire()
-        .await
-        .map(|_guard| ())
-        .expect_err("a second runtime must not get a held key");
-    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+        .times_out("a second runtime must not get a held key")
+        .await;
     assert_eq!(err.key(), Some(key));
     assert_between(
         "busy acquire over TLS, wait 300 ms",
@@ -59,13 +59,7 @@ async fn tls_acquire_excludes_a_second_runtime_until_release() {
     let first_fence = guard.fence();
     guard.release().await.expect("release");
     assert!(!server.exists(&lock_key(key)).await, "released key remains");
-    let second = b
-        .lock(key)
-        .lease(LEASE)
-        .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .expect("the key is free after the release");
+    let second = b.hold_within(key, LEASE, Duration::ZERO).await;
     assert!(second.fence() > first_fence, "fences increase over TLS too");
     second.release().await.expect("release");
 }
@@ -76,45 +70,8 @@ async fn tls_release_wakes_waiter_in_other_runtime_within_500_ms() {
     let holder_rt = tls_runtime(&server).await;
     let waiter_rt = tls_runtime(&server).await;
     let key = "tls:notify";
-    for round in 0..3 {
-        let holder = holder_rt
-            .lock(key)
-            .lease(LEASE)
-            .acquire()
-            .await
-            .expect("holder");
-        let rt = waiter_rt.clone();
-        let waiter = tokio::spawn(async move {
-            let guard = rt
-                .lock(key)
-                .lease(LEASE)
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await;
-            (guard, Instant::now())
-        });
-        // Let the waiter find the key busy and go to sleep (bounded by the 30 s TTL).
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(
-            !waiter.is_finished(),
-            "round {round}: the waiter got a held key"
-        );
-        let released = Instant::now();
-        holder.release().await.expect("release");
-        let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
-            .await
-            .expect("the waiter wakes")
-            .expect("task");
-        let guard = guard.expect("the waiter acquires");
-        let latency = acquired.saturating_duration_since(released);
-        println!("TLS round {round}: release -> waiter holds in {latency:?}");
-        assert!(
-            latency < Duration::from_millis(500),
-            "round {round}: the waiter acquired {latency:?} after the release: no notification \
-             over TLS?"
-        );
-        guard.release().await.expect("release");
-    }
+    let bound = Duration::from_millis(500);
+    release_wakes_the_waiter(&holder_rt, &waiter_rt, key, (3, bound), "TLS").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,37 +79,8 @@ async fn tls_watchdog_keeps_one_second_lease_for_three_seconds() {
     let server = RedisServer::start_tls();
     let rt = tls_runtime(&server).await;
     let other = tls_runtime(&server).await;
-    let key = "tls:watchdog";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(1))
-        .acquire()
-        .await
-        .expect("acquire");
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(3) {
-        let pttl = server.pttl(&lock_key(key)).await;
-        assert!(
-            pttl > 0 && pttl <= 1000,
-            "PTTL {pttl} ms after {:?}: expected 0 < PTTL <= 1 s lease",
-            start.elapsed()
-        );
-        let err = other
-            .lock(key)
-            .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("another runtime must fail while the watchdog renews");
-        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
-        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    guard
-        .release()
-        .await
-        .expect("release after 3 s on a 1 s lease");
-    assert!(!server.exists(&lock_key(key)).await);
+    let period = Duration::from_secs(3);
+    assert_watchdog_renews_on(&server, (&rt, Some(&other)), "tls:watchdog", period).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,12 +122,8 @@ async fn tls_plaintext_url_to_tls_port_fails_with_backend_error_promptly() {
     // The server is unharmed and still serves TLS clients.
     let rt = tls_runtime(&server).await;
     rt.lock("tls:plain")
-        .acquire()
-        .await
-        .expect("a TLS client after the plaintext one")
-        .release()
-        .await
-        .expect("release");
+        .cycled("a TLS client after the plaintext one")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,60 +8,26 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{HolderProcess, RedisServer, Runtime, assert_between, lock_key};
+use dlock_tests::{
+    AcquireExt, BuildExt, HoldExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on,
+    hold_in_process, lock_key, redis_with_runtime, redis_with_timeout,
+};
 
 /// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it
 /// never has more than 1 s left and never runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewed_lock_hash_ttl_stays_within_the_lease() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
-    let key = "watchdog:renewed";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(1))
-        .acquire()
-        .await
-        .expect("acquire");
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
-        let pttl = server.pttl(&lock_key(key)).await;
-        assert!(
-            pttl > 0 && pttl <= 1000,
-            "PTTL {pttl} ms after {:?}: expected 0 < PTTL <= lease",
-            start.elapsed()
-        );
-        assert!(!guard.is_lost(), "lost after {:?}", start.elapsed());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    guard
-        .release()
-        .await
-        .expect("release after 5 s on a 1 s lease");
+    let (server, rt) = redis_with_runtime().await;
+    let period = Duration::from_secs(5);
+    assert_watchdog_renews_on(&server, (&rt, None), "watchdog:renewed", period).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_process_frees_key_after_about_one_lease() {
     let server = RedisServer::start();
     let key = "watchdog:killed-holder";
-    let mut holder = HolderProcess::spawn(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &server.url(),
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "1000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    let holder_fence: u64 = line
-        .strip_prefix("acquired ")
-        .and_then(|f| f.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected holder output {line:?}"));
+    let (mut holder, holder_fence) = hold_in_process(&server.url(), key, 1000, &[]).await;
+    let holder_fence = holder_fence.expect("a fence");
     // Past the 1 s lease: the holder's watchdog keeps it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
@@ -70,19 +36,9 @@ async fn killed_holder_process_frees_key_after_about_one_lease() {
     );
     let rt = Runtime::from_url(&server.url()).await.expect("runtime");
     holder.kill9().await;
-    let killed = Instant::now();
-    let guard = rt
-        .lock(key)
-        .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("the dead holder's lock expires");
-    assert_between(
-        "acquire after kill -9 of a holder with lease 1 s",
-        killed.elapsed(),
-        Duration::from_millis(500),
-        Duration::from_millis(3000),
-    );
+    let bounds = Duration::from_millis(500)..=Duration::from_millis(3000);
+    let what = "acquire after kill -9 of a holder (lease 1 s)";
+    let guard = rt.lock(key).held_between(bounds, what).await;
     let fence = guard.fence().expect("fence");
     assert!(
         fence > holder_fence,
@@ -92,16 +48,10 @@ async fn killed_holder_process_frees_key_after_about_one_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_overwritten_is_lost_and_the_new_owner_survives_release() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let key = "watchdog:overwritten";
     let hash = lock_key(key);
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(6))
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.hold(key, Duration::from_secs(6)).await;
     // Someone else now owns the key: the hash's `owner` field (see backend/lua/acquire.lua)
     // names another token, with a long TTL of its own.
     let mut conn = server.conn().await;
@@ -153,11 +103,10 @@ async fn redis_paused_past_lease_is_lost_within_lease_plus_timeout() {
     let rt = Runtime::builder()
         .redis(server.url())
         .timeout(timeout)
-        .build()
-        .await
-        .expect("runtime");
+        .built()
+        .await;
     let key = "watchdog:paused";
-    let guard = rt.lock(key).lease(lease).acquire().await.expect("acquire");
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
     server.pause();
     let paused = Instant::now();
     let lost = tokio::time::timeout(Duration::from_secs(15), guard.lost()).await;
@@ -176,20 +125,9 @@ async fn redis_paused_past_lease_is_lost_within_lease_plus_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_outage_shorter_than_lease_is_not_a_loss() {
-    let mut server = RedisServer::start();
-    let rt = Runtime::builder()
-        .redis(server.url())
-        .timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .expect("runtime");
+    let (mut server, rt) = redis_with_timeout(Duration::from_millis(300)).await;
     let key = "watchdog:transient";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(3))
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.hold(key, Duration::from_secs(3)).await;
     let acquired = Instant::now();
     // The renewal due at ~1 s runs into the pause and times out.
     server.pause();
@@ -203,14 +141,11 @@ async fn transient_outage_shorter_than_lease_is_not_a_loss() {
             "key expired after {:?}",
             acquired.elapsed()
         );
-        let err = other
+        other
             .lock(key)
             .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .map(|_guard| ())
-            .expect_err("still held");
-        assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+            .times_out("still held")
+            .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     guard.release().await.expect("release");
@@ -220,39 +155,13 @@ async fn transient_outage_shorter_than_lease_is_not_a_loss() {
 async fn paused_holder_process_loses_the_lock_and_learns_it_on_resume() {
     let server = RedisServer::start();
     let key = "watchdog:paused-holder";
-    let mut holder = HolderProcess::spawn(
-        env!("CARGO_BIN_EXE_dlock-holder"),
-        &[
-            "--url",
-            &server.url(),
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            "1000",
-        ],
-    );
-    let line = holder.next_line(Duration::from_secs(20)).await;
-    let holder_fence: u64 = line
-        .strip_prefix("acquired ")
-        .and_then(|f| f.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected holder output {line:?}"));
+    let (mut holder, holder_fence) = hold_in_process(&server.url(), key, 1000, &[]).await;
+    let holder_fence = holder_fence.expect("a fence");
     let rt = Runtime::from_url(&server.url()).await.expect("runtime");
     holder.pause();
-    let paused = Instant::now();
-    let guard = rt
-        .lock(key)
-        .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("a frozen holder's lease runs out");
-    assert_between(
-        "acquire after SIGSTOP of a holder with lease 1 s",
-        paused.elapsed(),
-        Duration::from_millis(500),
-        Duration::from_millis(3000),
-    );
+    let bounds = Duration::from_millis(500)..=Duration::from_millis(3000);
+    let what = "acquire after SIGSTOP of a holder (lease 1 s)";
+    let guard = rt.lock(key).held_between(bounds, what).await;
     assert!(guard.fence().expect("fence") > holder_fence);
     // Thawed, the old holder must find out it lost the lock, not carry on as the owner.
     holder.resume();

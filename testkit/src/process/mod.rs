@@ -21,6 +21,35 @@ use std::time::{Duration, Instant};
 
 mod launch;
 
+/// The signal methods of a single-process server, forwarded to the [`ManagedProcess`] in its
+/// `process` field: `kill9`, `stop`, `pause`, `resume`. (`restart` stays with each server: what
+/// survives it differs.)
+macro_rules! forward_signals {
+    () => {
+        /// Kills the server with SIGKILL and reaps it. Its port (and data, if any) stay for
+        /// `restart`.
+        pub fn kill9(&mut self) {
+            self.process.kill9();
+        }
+
+        /// Stops the server with SIGTERM (SIGKILL after 5 s) and reaps it.
+        pub fn stop(&mut self) {
+            self.process.stop();
+        }
+
+        /// Freezes the server with SIGSTOP: connections stay open and requests go unanswered.
+        pub fn pause(&mut self) {
+            self.process.pause();
+        }
+
+        /// Resumes a server frozen by `pause` with SIGCONT.
+        pub fn resume(&mut self) {
+            self.process.resume();
+        }
+    };
+}
+pub(crate) use forward_signals;
+
 pub use launch::{
     Binary, RESERVED_PORTS, Signal, find_binary, free_ports, loopback_hosts, signal,
     start_on_free_ports, temp_dir,

@@ -129,31 +129,12 @@ impl RedisServer {
         self.dir.path()
     }
 
-    /// Kills the server with SIGKILL and reaps it. The port stays reserved for
-    /// [`restart`](RedisServer::restart).
-    pub fn kill9(&mut self) {
-        self.process.kill9();
-    }
-
-    /// Stops the server with SIGTERM (SIGKILL after 5 s) and reaps it.
-    pub fn stop(&mut self) {
-        self.process.stop();
-    }
+    crate::process::forward_signals!();
 
     /// Stops the server and starts a new one on the same port. It comes back empty: there is
     /// no persistence.
     pub fn restart(&mut self) {
         self.process.restart();
-    }
-
-    /// Freezes the server with SIGSTOP: connections stay open and requests go unanswered.
-    pub fn pause(&mut self) {
-        self.process.pause();
-    }
-
-    /// Resumes a server frozen by [`pause`](RedisServer::pause) with SIGCONT.
-    pub fn resume(&mut self) {
-        self.process.resume();
     }
 
     /// A raw `redis` client for this server (to inspect keys, or change them behind a holder's

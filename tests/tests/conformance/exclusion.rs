@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use dlock_tests::{AcquireExt, finish_within};
+
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_nothing_left};
 
@@ -30,9 +32,8 @@ pub(crate) async fn mutual_exclusion_with_many_contenders(engine: Engine) {
                         .lock(key)
                         .lease(LONG_LEASE)
                         .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .unwrap_or_else(|e| panic!("{engine:?}: acquire: {e:?}"));
+                        .held(&format!("{engine:?}: acquire"))
+                        .await;
                     let others = inside.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(others, 0, "{engine:?}: two holders inside at once");
                     let value = counter.load(Ordering::SeqCst);
@@ -47,12 +48,7 @@ pub(crate) async fn mutual_exclusion_with_many_contenders(engine: Engine) {
             }));
         }
     }
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("the contenders finish")
-            .expect("a contender panicked");
-    }
+    finish_within(tasks, Duration::from_secs(120)).await;
     assert_eq!(
         counter.load(Ordering::SeqCst),
         (RUNTIMES * TASKS_PER_RUNTIME) as u64 * ITERATIONS,

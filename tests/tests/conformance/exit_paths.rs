@@ -13,7 +13,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{Rng, Runtime};
+use dlock_tests::{AcquireExt, HoldExt, Rng, Runtime, hand_off};
+use tokio::task::JoinHandle;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{
@@ -82,23 +83,13 @@ pub(crate) async fn release_on_return_err_and_explicit_release(engine: Engine) {
     assert_free(&other, key, "right after `?` returned Err").await;
 
     let key = "conformance:exit:explicit";
-    let guard = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.lock(key).lease(LONG_LEASE).held("acquire").await;
     assert_busy(&other, key, "while the guard lives").await;
     guard.release().await.expect("release");
     assert_free(&other, key, "right after release()").await;
 
     let key = "conformance:exit:drop";
-    let guard = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.lock(key).lease(LONG_LEASE).held("acquire").await;
     assert_busy(&other, key, "while the guard lives").await;
     drop(guard);
     let took = acquire_within(&other, key, RELEASE_WITHIN, "after the guard dropped").await;
@@ -109,6 +100,27 @@ pub(crate) async fn release_on_return_err_and_explicit_release(engine: Engine) {
     }
 }
 
+/// Spawns `with_lock` on `key` (30 s lease) whose body, once it runs, goes on with `then`;
+/// returns the task when the body runs and `other` finds the key busy.
+async fn spawn_holding<F>(
+    rt: &Runtime,
+    other: &Runtime,
+    key: &'static str,
+    then: F,
+) -> JoinHandle<Result<(), LockError>>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(with_lock(rt.lock(key).lease(LONG_LEASE), async move {
+        held_tx.send(()).expect("the test waits");
+        then.await;
+    }));
+    held_rx.await.expect("the body runs");
+    assert_busy(other, key, "inside the body").await;
+    task
+}
+
 /// A panic in the body, an aborted task and a dropped `with_lock` future all free the key
 /// within [`RELEASE_WITHIN`] (released from `Drop`).
 pub(crate) async fn release_on_panic_and_cancellation_while_holding(engine: Engine) {
@@ -116,39 +128,18 @@ pub(crate) async fn release_on_panic_and_cancellation_while_holding(engine: Engi
     let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
 
     let key = "conformance:exit:panic";
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let rt = rt.clone();
-        tokio::spawn(async move {
-            with_lock(rt.lock(key).lease(LONG_LEASE), async move {
-                held_tx.send(()).expect("the test waits");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                panic!("deliberate panic inside with_lock");
-            })
-            .await
-        })
-    };
-    held_rx.await.expect("the body runs");
-    assert_busy(&other, key, "inside the body").await;
+    let task = spawn_holding(&rt, &other, key, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        panic!("deliberate panic inside with_lock");
+    })
+    .await;
     let err = task.await.expect_err("the task panics");
     assert!(err.is_panic(), "{engine:?}: expected a panic, got {err}");
     let took = acquire_within(&other, key, RELEASE_WITHIN, "after the panic").await;
     println!("{engine:?}: another owner got the key {took:?} after the panic");
 
     let key = "conformance:exit:abort";
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let rt = rt.clone();
-        tokio::spawn(async move {
-            with_lock(rt.lock(key).lease(LONG_LEASE), async move {
-                held_tx.send(()).expect("the test waits");
-                std::future::pending::<()>().await;
-            })
-            .await
-        })
-    };
-    held_rx.await.expect("the body runs");
-    assert_busy(&other, key, "inside the body").await;
+    let task = spawn_holding(&rt, &other, key, std::future::pending()).await;
     task.abort();
     assert!(task.await.expect_err("aborted").is_cancelled());
     let took = acquire_within(&other, key, RELEASE_WITHIN, "after the abort").await;
@@ -188,12 +179,7 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(engine: Engine) {
     let bound = fixture.params().wake_within;
     let rts = fixture.runtimes(4).await;
     let key = "conformance:exit:cancelled-waiter";
-    let holder = rts[0]
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+    let holder = rts[0].lock(key).lease(LONG_LEASE).held("holder").await;
     let waiter = |rt: &Runtime| {
         rt.lock(key)
             .lease(LONG_LEASE)
@@ -207,18 +193,11 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(engine: Engine) {
         waiter(&rts[2]),
     ));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let next = {
-        let rt = rts[3].clone();
-        tokio::spawn(async move {
-            let guard = rt
-                .lock(key)
-                .lease(LONG_LEASE)
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await;
-            (guard, Instant::now())
-        })
-    };
+    let next = rts[3]
+        .lock(key)
+        .lease(LONG_LEASE)
+        .wait(Duration::from_secs(20))
+        .spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !aborted.is_finished(),
@@ -233,22 +212,8 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(engine: Engine) {
         "{engine:?}: the timer drops the waiter: {out:?}"
     );
     assert!(!next.is_finished(), "{engine:?}: a waiter got a held key");
-    let released = Instant::now();
-    holder.release().await.expect("release");
-    let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), next)
-        .await
-        .expect("the next waiter finishes")
-        .expect("task");
-    let guard = guard.unwrap_or_else(|e| panic!("{engine:?}: the next waiter: {e:?}"));
-    let latency = acquired.saturating_duration_since(released);
-    println!(
-        "{engine:?}: the waiter behind two cancelled ones got the key {latency:?} after the release"
-    );
-    assert!(
-        latency < bound,
-        "{engine:?}: the waiter behind two cancelled ones got the key {latency:?} after the \
-         release (bound {bound:?})"
-    );
+    let what = format!("{engine:?}: the waiter behind two cancelled ones");
+    let guard = hand_off(holder, next, bound, &what).await;
     guard.release().await.expect("release");
     assert_nothing_left(&rts[1], key, "after the hand-off").await;
     assert_free(&rts[1], key, "after the hand-off").await;
@@ -344,11 +309,7 @@ pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engin
             .unwrap_or_else(|e| panic!("{engine:?}: holder: {e:?}"));
         let waiters: Vec<_> = (0..5)
             .map(|i| {
-                let rt = if i % 2 == 0 {
-                    rt.clone()
-                } else {
-                    other.clone()
-                };
+                let rt = [&rt, &other][i % 2].clone();
                 tokio::spawn(async move {
                     let guard = rt
                         .lock(key)
@@ -376,12 +337,8 @@ pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engin
     let key = "conformance:exit:cut-release";
     for polls in 1..=6 {
         let guard = rt
-            .lock(key)
-            .lease(LONG_LEASE)
-            .wait(Duration::from_secs(5))
-            .acquire()
-            .await
-            .expect("acquire");
+            .hold_within(key, LONG_LEASE, Duration::from_secs(5))
+            .await;
         let _ = poll_then_drop(guard.release(), polls).await;
         acquire_within(&other, key, RELEASE_WITHIN, "after release() was dropped").await;
     }

@@ -9,6 +9,7 @@ use dlock_runtime::{current_fence, with_lock};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::LONG_LEASE;
+use dlock_tests::{AcquireExt, finish_within};
 
 /// Checks one holder's token: `Some` where the engine gives fences, `None` on Redlock.
 #[track_caller]
@@ -47,20 +48,13 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
     let key = "conformance:fencing:successive";
     let mut seen = Vec::new();
     for i in 0..20 {
-        let guard = rts[i % 2]
-            .lock(key)
-            .lease(LONG_LEASE)
-            .acquire()
-            .await
-            .expect("acquire");
+        let guard = rts[i % 2].lock(key).lease(LONG_LEASE).held("acquire").await;
         seen.push(token(engine, fences, guard.fence()));
         // Another key's holders in between (a store-wide revision or zxid moves too).
-        let unrelated = rts[(i + 1) % 2]
+        rts[(i + 1) % 2]
             .lock(format!("conformance:fencing:unrelated:{i}"))
-            .acquire()
-            .await
-            .expect("another key");
-        unrelated.release().await.expect("release");
+            .cycled("another key")
+            .await;
         guard.release().await.expect("release");
     }
     if fences {
@@ -78,9 +72,8 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
                         .lock(key)
                         .lease(LONG_LEASE)
                         .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await
-                        .unwrap_or_else(|e| panic!("{engine:?}: acquire: {e:?}"));
+                        .held(&format!("{engine:?}: acquire"))
+                        .await;
                     seen.lock().expect("not poisoned").push(guard.fence());
                     tokio::task::yield_now().await;
                     guard.release().await.expect("release");
@@ -88,12 +81,7 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
             })
         })
         .collect();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("the contenders finish")
-            .expect("a contender panicked");
-    }
+    finish_within(tasks, Duration::from_secs(120)).await;
     let seen = seen.lock().expect("not poisoned").clone();
     assert_eq!(seen.len(), 50);
     for fence in &seen {
@@ -105,17 +93,12 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
 
     let key = "conformance:fencing:reentrant";
     let rt = &rts[0];
-    let first = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("first");
+    let first = rt.lock(key).lease(LONG_LEASE).held("first").await;
     let f1 = token(engine, fences, first.fence());
     first.release().await.expect("release");
     let f2 = with_lock(rt.lock(key).lease(LONG_LEASE), async {
         let outer = token(engine, fences, current_fence());
-        let inner = rt.lock(key).acquire().await.expect("re-enters");
+        let inner = rt.lock(key).held("re-enters").await;
         assert_eq!(
             inner.fence(),
             outer,
@@ -138,12 +121,7 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
     })
     .await
     .expect("with_lock");
-    let third = rts[1]
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("third");
+    let third = rts[1].lock(key).lease(LONG_LEASE).held("third").await;
     let f3 = token(engine, fences, third.fence());
     if fences {
         assert_strictly_increasing(engine, &[f1, f2, f3]);

@@ -2,12 +2,14 @@
 //! lease a hard cap (the lock expires, `lost()` resolves, `with_lock` ends in `Err(Lost)`), and a
 //! lock record deleted behind the holder's back is seen as lost at the next renewal.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::assert_between;
+use dlock_tests::{AcquireExt, assert_between, while_held};
+use tokio::sync::oneshot;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free};
@@ -19,6 +21,47 @@ const LOSS_LEASE: Duration = Duration::from_secs(6);
 /// Bound on `lost()` after the lock record is deleted: one renewal interval plus margin.
 const LOSS_SEEN_WITHIN: Duration = Duration::from_millis(3500);
 
+/// A `with_lock` body that would run for a minute, recording whether it completed and whether
+/// it was dropped.
+#[derive(Default)]
+struct LongBody {
+    completed: Arc<AtomicBool>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl LongBody {
+    /// The body: tells `held` it runs, then sleeps 60 s and marks itself completed.
+    fn run(&self, held: Option<oneshot::Sender<()>>) -> impl Future<Output = ()> + use<> {
+        let (completed, flag) = (self.completed.clone(), SetOnDrop(self.dropped.clone()));
+        async move {
+            let _flag = flag;
+            if let Some(held) = held {
+                held.send(()).expect("the test waits");
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            completed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Asserts `with_lock` returned `Err(Lost)` naming `key`, having dropped the body before
+    /// its end.
+    #[track_caller]
+    fn assert_cancelled_with_lost(&self, engine: Engine, key: &str, out: Result<(), LockError>) {
+        match out {
+            Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
+            other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
+        }
+        assert!(
+            self.dropped.load(Ordering::SeqCst),
+            "{engine:?}: the body must be dropped"
+        );
+        assert!(
+            !self.completed.load(Ordering::SeqCst),
+            "{engine:?}: the body ran to its end"
+        );
+    }
+}
+
 /// A lock with the engine's shortest lease (1 s; 2 s on etcd and ZooKeeper) is held for five to
 /// six seconds: throughout, another runtime finds it busy and the guard is not lost; then the
 /// release succeeds (still the owner) and frees the key.
@@ -27,29 +70,16 @@ pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
     let params = fixture.params();
     let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
     let key = "conformance:lease:renewed";
-    let guard = rt
-        .lock(key)
-        .lease(params.short_lease)
-        .acquire()
-        .await
-        .expect("acquire");
-    let start = Instant::now();
-    let mut checks = 0;
-    while start.elapsed() < params.hold_for {
-        assert!(
-            !guard.is_lost(),
-            "{engine:?}: lost after {:?}",
-            start.elapsed()
+    let guard = rt.lock(key).lease(params.short_lease).held("acquire").await;
+    let every = Duration::from_millis(100);
+    let checks = while_held(&guard, params.hold_for, every, |at| {
+        let (other, when) = (
+            &other,
+            format!("{at:?} into a {:?} lease", params.short_lease),
         );
-        let when = format!(
-            "{:?} into a {:?} lease",
-            start.elapsed(),
-            params.short_lease
-        );
-        assert_busy(&other, key, &when).await;
-        checks += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        async move { assert_busy(other, key, &when).await }
+    })
+    .await;
     assert!(checks >= 10, "{engine:?}: only {checks} checks");
     guard.release().await.unwrap_or_else(|e| {
         panic!(
@@ -82,9 +112,8 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
         .lock(key)
         .lease(lease)
         .watchdog(false)
-        .acquire()
-        .await
-        .expect("acquire");
+        .held("acquire")
+        .await;
     let guard_fence = guard.fence();
     let waiter = {
         let other = other.clone();
@@ -140,36 +169,16 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
     next.release().await.expect("release");
 
     let key = "conformance:lease:hard-cap-with-lock";
-    let completed = Arc::new(AtomicBool::new(false));
-    let dropped = Arc::new(AtomicBool::new(false));
-    let flag = SetOnDrop(dropped.clone());
+    let body = LongBody::default();
     let start = Instant::now();
     let out = tokio::time::timeout(
         lease + Duration::from_secs(10),
-        with_lock(rt.lock(key).lease(lease).watchdog(false), {
-            let completed = completed.clone();
-            async move {
-                let _flag = flag;
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                completed.store(true, Ordering::SeqCst);
-            }
-        }),
+        with_lock(rt.lock(key).lease(lease).watchdog(false), body.run(None)),
     )
     .await
     .unwrap_or_else(|_| panic!("{engine:?}: with_lock must end once the lease is lost"));
     let took = start.elapsed();
-    match out {
-        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
-        other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
-    }
-    assert!(
-        dropped.load(Ordering::SeqCst),
-        "{engine:?}: the body must be dropped"
-    );
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "{engine:?}: the body ran to its end"
-    );
+    body.assert_cancelled_with_lost(engine, key, out);
     assert_between(
         "with_lock Err(Lost) at the hard cap",
         took,
@@ -193,12 +202,7 @@ pub(crate) async fn deleted_key_is_lost(engine: Engine) {
     let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
 
     let key = "conformance:lease:deleted";
-    let guard = rt
-        .lock(key)
-        .lease(LOSS_LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = rt.lock(key).lease(LOSS_LEASE).held("acquire").await;
     fixture.delete_lock(key).await;
     let deleted = Instant::now();
     tokio::time::timeout(LOSS_SEEN_WITHIN, guard.lost())
@@ -217,21 +221,12 @@ pub(crate) async fn deleted_key_is_lost(engine: Engine) {
     assert_free(&other, key, "after the loss").await;
 
     let key = "conformance:lease:deleted-with-lock";
-    let completed = Arc::new(AtomicBool::new(false));
-    let dropped = Arc::new(AtomicBool::new(false));
+    let body = LongBody::default();
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let (rt, completed, flag) = (rt.clone(), completed.clone(), SetOnDrop(dropped.clone()));
-        tokio::spawn(async move {
-            with_lock(rt.lock(key).lease(LOSS_LEASE), async move {
-                let _flag = flag;
-                held_tx.send(()).expect("the test waits");
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                completed.store(true, Ordering::SeqCst);
-            })
-            .await
-        })
-    };
+    let task = tokio::spawn(with_lock(
+        rt.lock(key).lease(LOSS_LEASE),
+        body.run(Some(held_tx)),
+    ));
     held_rx.await.expect("the body runs");
     fixture.delete_lock(key).await;
     let deleted = Instant::now();
@@ -245,16 +240,5 @@ pub(crate) async fn deleted_key_is_lost(engine: Engine) {
         "{engine:?}: with_lock returned {:?} after the delete",
         deleted.elapsed()
     );
-    match out {
-        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
-        other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
-    }
-    assert!(
-        dropped.load(Ordering::SeqCst),
-        "{engine:?}: the body must be dropped"
-    );
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "{engine:?}: the body ran to its end"
-    );
+    body.assert_cancelled_with_lost(engine, key, out);
 }

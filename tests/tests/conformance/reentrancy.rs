@@ -9,6 +9,7 @@ use dlock_runtime::{current_fence, with_lock};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_busy, assert_free};
+use dlock_tests::{AcquireExt, HoldExt};
 
 /// A deadlock in reentrancy shows up as a hang; this bounds it.
 const NO_DEADLOCK: Duration = Duration::from_secs(10);
@@ -50,13 +51,7 @@ pub(crate) async fn nested_acquisition_reenters_and_inner_exit_keeps_the_hold(en
         );
         assert_busy(&other, key, "after a nested with_lock exited").await;
 
-        let inner = rt
-            .lock(key)
-            .lease(LONG_LEASE)
-            .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .expect("acquire() inside the chain re-enters");
+        let inner = rt.hold_within(key, LONG_LEASE, Duration::ZERO).await;
         assert_eq!(
             inner.fence(),
             outer,
@@ -68,18 +63,16 @@ pub(crate) async fn nested_acquisition_reenters_and_inner_exit_keeps_the_hold(en
         let dropped = rt
             .lock(key)
             .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .expect("re-enters again");
+            .held("re-enters again")
+            .await;
         drop(dropped);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_busy(&other, key, "after an inner guard dropped").await;
 
         let free_fn = dlock_runtime::lock(key)
             .wait(Duration::ZERO)
-            .acquire()
-            .await
-            .expect("dlock_runtime::lock(..).acquire() inside the chain re-enters");
+            .held("dlock_runtime::lock(..).acquire() inside the chain re-enters")
+            .await;
         assert_eq!(free_fn.fence(), outer);
         free_fn.release().await.expect("inner release");
         assert_busy(&other, key, "after the free function's release").await;
@@ -99,68 +92,33 @@ pub(crate) async fn other_tasks_and_plain_acquires_are_other_owners(engine: Engi
 
     let key = "conformance:reentrancy:spawned";
     with_lock(rt.lock(key).lease(LONG_LEASE), async {
-        let spawned = {
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                rt.lock(key)
-                    .lease(LONG_LEASE)
-                    .wait(Duration::from_millis(300))
-                    .acquire()
-                    .await
-                    .map(drop)
-            })
+        // The chain is looked up when a task acquires, not when its lock is built.
+        let lock = || {
+            rt.lock(key)
+                .lease(LONG_LEASE)
+                .wait(Duration::from_millis(300))
         };
-        let err = spawned
-            .await
-            .expect("task")
-            .expect_err("a spawned task is another owner");
-        assert!(
-            err.is_timeout(),
-            "{engine:?}: expected Timeout, got {err:?}"
-        );
-        let spawned = {
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                with_lock(
-                    rt.lock(key)
-                        .lease(LONG_LEASE)
-                        .wait(Duration::from_millis(300)),
-                    async {},
-                )
-                .await
-            })
-        };
-        let err = spawned
-            .await
-            .expect("task")
-            .expect_err("a spawned task is another owner");
-        assert!(
-            err.is_timeout(),
-            "{engine:?}: expected Timeout, got {err:?}"
-        );
+        let (out, _) = lock().spawn().await.expect("task");
+        let acquired = out.map(drop);
+        let with_lock_in_task = tokio::spawn(with_lock(lock(), async {})).await;
+        for out in [acquired, with_lock_in_task.expect("task")] {
+            let err = out.expect_err("a spawned task is another owner");
+            assert!(
+                err.is_timeout(),
+                "{engine:?}: expected Timeout, got {err:?}"
+            );
+        }
     })
     .await
     .expect("outer");
 
     let key = "conformance:reentrancy:outside";
-    let first = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("first");
-    let err = rt
-        .lock(key)
+    let first = rt.lock(key).lease(LONG_LEASE).held("first").await;
+    rt.lock(key)
         .lease(LONG_LEASE)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(drop)
-        .expect_err("outside a chain each acquire() is its own owner");
-    assert!(
-        err.is_timeout(),
-        "{engine:?}: expected Timeout, got {err:?}"
-    );
+        .times_out("outside a chain each acquire() is its own owner")
+        .await;
     first.release().await.expect("release");
 }
 
@@ -175,30 +133,20 @@ pub(crate) async fn current_fence_is_the_innermost_holds(engine: Engine) {
 
     let key = "conformance:reentrancy:current-fence";
     assert_eq!(current_fence(), None, "no chain, no fence");
-    let before = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("before");
+    let before = rt.lock(key).lease(LONG_LEASE).held("before").await;
     let before_fence = before.fence();
     assert_eq!(current_fence(), None, "a plain guard is not a call chain");
     before.release().await.expect("release");
     let inside = with_lock(rt.lock(key).lease(LONG_LEASE), async {
         let fence = current_fence();
-        let guard = rt.lock(key).acquire().await.expect("re-enters");
+        let guard = rt.lock(key).held("re-enters").await;
         assert_eq!(guard.fence(), fence, "{engine:?}: the hold's fence");
         fence
     })
     .await
     .expect("with_lock");
     assert_eq!(current_fence(), None, "after the chain, no fence");
-    let after = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("after");
+    let after = rt.lock(key).lease(LONG_LEASE).held("after").await;
     if fences {
         assert!(
             before_fence.is_some() && inside > before_fence,
@@ -224,22 +172,12 @@ pub(crate) async fn current_fence_is_the_innermost_holds(engine: Engine) {
     );
     // Move the inner key's tokens ahead so that the two keys' fences differ on every engine.
     for _ in 0..3 {
-        rt.lock(inner_key)
-            .acquire()
-            .await
-            .expect("bump")
-            .release()
-            .await
-            .expect("release");
+        rt.lock(inner_key).cycled("bump").await;
     }
     with_lock(rt.lock(outer_key).lease(LONG_LEASE), async {
         let outer = current_fence();
         with_lock(rt.lock(inner_key).lease(LONG_LEASE), async {
-            let inner = rt
-                .lock(inner_key)
-                .acquire()
-                .await
-                .expect("re-enters the inner key");
+            let inner = rt.lock(inner_key).held("re-enters the inner key").await;
             if fences {
                 assert_ne!(
                     inner.fence(),

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_runtime::LockError;
-use dlock_tests::assert_between;
+use dlock_tests::{AcquireExt, assert_between, release_wakes_the_waiter};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_free, assert_nothing_left};
@@ -21,26 +21,14 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
         fixture.runtime().await,
     );
     let key = "conformance:wait:timeout";
-    let holder = holder_rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+    let holder = holder_rt.lock(key).lease(LONG_LEASE).held("holder").await;
 
     let start = Instant::now();
-    let err = rt
-        .lock(key)
+    rt.lock(key)
         .lease(LONG_LEASE)
         .wait(Duration::ZERO)
-        .acquire()
-        .await
-        .map(drop)
-        .expect_err("the key is held");
-    assert!(
-        err.is_timeout(),
-        "{engine:?}: expected Timeout, got {err:?}"
-    );
+        .times_out("the key is held")
+        .await;
     assert_between(
         "wait = 0 on a held key",
         start.elapsed(),
@@ -54,10 +42,8 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
         .lock(key)
         .lease(LONG_LEASE)
         .wait(wait)
-        .acquire()
-        .await
-        .map(drop)
-        .expect_err("the key is held");
+        .refused("the key is held")
+        .await;
     let took = start.elapsed();
     match &err {
         LockError::Timeout { key: k, waited, .. } => {
@@ -85,11 +71,7 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
 
     let waiters: Vec<_> = (0..10)
         .map(|i| {
-            let rt = if i % 2 == 0 {
-                rt.clone()
-            } else {
-                other.clone()
-            };
+            let rt = [&rt, &other][i % 2].clone();
             tokio::spawn(async move {
                 let start = Instant::now();
                 let out = rt.lock(key).lease(LONG_LEASE).wait(wait).acquire().await;
@@ -124,45 +106,5 @@ pub(crate) async fn release_wakes_a_waiter_long_before_the_lease(engine: Engine)
     let bound = fixture.params().wake_within;
     let (holder_rt, rt) = (fixture.runtime().await, fixture.runtime().await);
     let key = "conformance:wait:wake";
-    for round in 0..5 {
-        let holder = holder_rt
-            .lock(key)
-            .lease(LONG_LEASE)
-            .acquire()
-            .await
-            .expect("holder");
-        let waiter = {
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                let guard = rt
-                    .lock(key)
-                    .lease(LONG_LEASE)
-                    .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await;
-                (guard, Instant::now())
-            })
-        };
-        // Let the waiter find the key busy and go to sleep.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(
-            !waiter.is_finished(),
-            "{engine:?}: the waiter got a held key"
-        );
-        let released = Instant::now();
-        holder.release().await.expect("release");
-        let (guard, acquired) = tokio::time::timeout(Duration::from_secs(25), waiter)
-            .await
-            .expect("the waiter wakes")
-            .expect("task");
-        let guard = guard.unwrap_or_else(|e| panic!("{engine:?}: the waiter: {e:?}"));
-        let latency = acquired.saturating_duration_since(released);
-        println!("{engine:?} round {round}: release -> waiter holds in {latency:?}");
-        assert!(
-            latency < bound,
-            "{engine:?} round {round}: the waiter held the key {latency:?} after the release \
-             (bound {bound:?}, lease {LONG_LEASE:?})"
-        );
-        guard.release().await.expect("release");
-    }
+    release_wakes_the_waiter(&holder_rt, &rt, key, (5, bound), &format!("{engine:?}")).await;
 }
