@@ -41,7 +41,7 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, key: &[KeyPart]) -> TokenStre
         sig,
         inner_attrs,
         body,
-        missing_body: _,
+        ..
     } = func;
 
     let (return_type, return_span) = declared_return_type(func);

@@ -227,22 +227,15 @@ fn collect_pattern_bindings(pat: &Pat, names: &mut Vec<Ident>) {
             .for_each(|case| collect_pattern_bindings(case, names)),
         Pat::Paren(paren) => collect_pattern_bindings(&paren.pat, names),
         Pat::Reference(reference) => collect_pattern_bindings(&reference.pat, names),
-        Pat::Slice(slice) => slice
-            .elems
+        Pat::Slice(syn::PatSlice { elems, .. })
+        | Pat::Tuple(syn::PatTuple { elems, .. })
+        | Pat::TupleStruct(syn::PatTupleStruct { elems, .. }) => elems
             .iter()
             .for_each(|elem| collect_pattern_bindings(elem, names)),
         Pat::Struct(strukt) => strukt
             .fields
             .iter()
             .for_each(|field| collect_pattern_bindings(&field.pat, names)),
-        Pat::Tuple(tuple) => tuple
-            .elems
-            .iter()
-            .for_each(|elem| collect_pattern_bindings(elem, names)),
-        Pat::TupleStruct(tuple) => tuple
-            .elems
-            .iter()
-            .for_each(|elem| collect_pattern_bindings(elem, names)),
         Pat::Type(typed) => collect_pattern_bindings(&typed.pat, names),
         Pat::Guard(guarded) => collect_pattern_bindings(&guarded.pat, names),
         // Literals, ranges, paths, wildcards, rest patterns, constants and macros bind nothing

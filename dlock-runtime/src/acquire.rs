@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::LockError;
 use crate::backend::Attempt;
-use crate::core::{Core, release_in_background};
+use crate::core::{Core, ReleaseOnDrop};
 use crate::held::Held;
 
 /// Pause before a waiter retries after an engine error.
@@ -50,31 +50,11 @@ async fn compensated(
     owner: &str,
     request: impl Future<Output = Result<Attempt, LockError>>,
 ) -> Result<Attempt, LockError> {
-    struct Compensate<'a> {
-        core: &'a Arc<Core>,
-        key: &'a str,
-        owner: &'a str,
-        armed: bool,
-    }
-    impl Drop for Compensate<'_> {
-        fn drop(&mut self) {
-            if self.armed {
-                release_in_background(
-                    self.core.clone(),
-                    self.key.to_owned(),
-                    self.owner.to_owned(),
-                );
-            }
-        }
-    }
-    let mut compensate = Compensate {
-        core,
-        key,
-        owner,
-        armed: true,
-    };
+    let compensate = ReleaseOnDrop::new(core, key, owner);
     let result = request.await;
-    compensate.armed = result.is_err();
+    if result.is_ok() {
+        compensate.disarm();
+    }
     result
 }
 

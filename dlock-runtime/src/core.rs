@@ -109,3 +109,41 @@ pub(crate) fn release_in_background(core: Arc<Core>, key: String, owner: String)
         }
     });
 }
+
+/// Until disarmed, schedules an owner-checked release of `owner`'s hold on `key` when dropped:
+/// an engine call whose answer never arrived (an error, a timeout, the future dropped) may
+/// still have landed, and the release is a no-op if it did not.
+pub(crate) struct ReleaseOnDrop<'a> {
+    core: &'a Arc<Core>,
+    key: &'a str,
+    owner: &'a str,
+    armed: bool,
+}
+
+impl<'a> ReleaseOnDrop<'a> {
+    pub(crate) fn new(core: &'a Arc<Core>, key: &'a str, owner: &'a str) -> Self {
+        Self {
+            core,
+            key,
+            owner,
+            armed: true,
+        }
+    }
+
+    /// The call answered: nothing to compensate.
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            release_in_background(
+                self.core.clone(),
+                self.key.to_owned(),
+                self.owner.to_owned(),
+            );
+        }
+    }
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::LockError;
 use crate::backend::Released;
 use crate::chain::leave_chain;
-use crate::core::release_in_background;
+use crate::core::{ReleaseOnDrop, release_in_background};
 use crate::held::Held;
 
 /// A held distributed lock.
@@ -123,29 +123,14 @@ impl LockGuard {
         }
         // If this future is dropped before the engine answers (or the call fails), finish the
         // release in the background: owner-checked, so a no-op if it did land.
-        struct Finish<'a> {
-            held: &'a Held,
-            armed: bool,
-        }
-        impl Drop for Finish<'_> {
-            fn drop(&mut self) {
-                if self.armed {
-                    release_in_background(
-                        self.held.core.clone(),
-                        self.held.key.clone(),
-                        self.held.owner.clone(),
-                    );
-                }
-            }
-        }
-        let mut finish = Finish {
-            held: &held,
-            armed: true,
-        };
         let core = &held.core;
+        let finish = ReleaseOnDrop::new(core, &held.key, &held.owner);
         let result = core.backend.release(&held.key, &held.owner).await;
-        finish.armed = result.is_err();
-        drop(finish);
+        if result.is_ok() {
+            finish.disarm();
+        } else {
+            drop(finish);
+        }
         if held.lost.is_lost() {
             // The lease had been lost while held (whatever the release found: what was left of
             // it, nothing, or an engine that expired the session): the caller must know its

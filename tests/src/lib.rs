@@ -25,7 +25,9 @@ pub use acquire::{
     AcquireExt, BuildExt, HoldExt, LONG_LEASE, acquire_within, assert_busy, assert_free,
     assert_ttl_within_lease, finish_within, hand_off, release_wakes_the_waiter, while_held,
 };
-pub use processes::{Counting, count_in_processes, hold_in_process, holder_bin};
+pub use processes::{
+    Counting, count_in_processes, hold_fenced_in_process, hold_in_process, holder_bin,
+};
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub use dlock_testkit::redis::{

@@ -63,6 +63,13 @@ pub async fn hold_in_process(
     (holder, fence)
 }
 
+/// [`hold_in_process`] on an engine that gives fences (plain arguments): the process and its
+/// fence.
+pub async fn hold_fenced_in_process(url: &str, key: &str, lease_ms: u64) -> (HolderProcess, u64) {
+    let (holder, fence) = hold_in_process(url, key, lease_ms, &[]).await;
+    (holder, fence.expect("the holder printed a fence"))
+}
+
 /// How a `dlock-holder` increments its counter.
 #[derive(Debug, Clone, Copy)]
 pub enum Counting {

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use dlock_tests::cluster::{MASTERS, RedisCluster};
 use dlock_tests::{
     AcquireExt, BuildExt, Counting, LockGuard, RedisServer, Runtime, assert_between,
-    count_in_processes, eventually, fence_key, finish_within, hand_off, hold_in_process, lock_key,
-    released_channel,
+    count_in_processes, eventually, fence_key, finish_within, hand_off, hold_fenced_in_process,
+    lock_key, released_channel,
 };
 
 /// Long enough that a TTL-bounded retry cannot explain a wake-up, and that no lease runs out
@@ -189,8 +189,7 @@ async fn counter_stays_exact_with_three_runtimes_contending_on_every_shard() {
 async fn holder_process_on_a_cluster_url_excludes_until_killed() {
     let cluster = RedisCluster::start();
     let (key, _) = cluster.one_key_per_master("process").await.remove(1);
-    let (mut holder, holder_fence) = hold_in_process(&cluster.url(), &key, 1000, &[]).await;
-    let holder_fence = holder_fence.expect("a fence");
+    let (mut holder, holder_fence) = hold_fenced_in_process(&cluster.url(), &key, 1000).await;
     let rt = runtime(&cluster).await;
     // Past two leases of 1 s: the other process's watchdog keeps the key, we are excluded.
     let start = Instant::now();

@@ -25,7 +25,7 @@ use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
 use dlock_tests::{
     AcquireExt, BuildExt, Counting, HoldExt, LockGuard, RedisServer, Runtime, SetOnDrop,
-    count_in_processes, finish_within, hold_in_process, while_held,
+    count_in_processes, finish_within, hold_fenced_in_process, while_held,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
@@ -444,8 +444,8 @@ async fn killed_holder_process_frees_the_lock_after_about_its_lease() {
     let etcd = EtcdServer::start();
     let key = "etcd:killed-holder";
     let url = etcd.url();
-    let (mut holder, holder_fence) = hold_in_process(&url, key, 2000, &[]).await;
-    let fence = holder_fence.expect("a fence") as i64;
+    let (mut holder, holder_fence) = hold_fenced_in_process(&url, key, 2000).await;
+    let fence = holder_fence as i64;
     let held = only_holder(etcd.cluster(), key);
     assert_eq!(fence, held.create_revision, "the printed fence");
     let left = blocking(|| etcd.lease_ttl(held.lease)).expect("the holder's lease is alive");

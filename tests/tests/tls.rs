@@ -16,6 +16,24 @@ use dlock_tests::{
 /// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
 const LEASE: Duration = Duration::from_secs(30);
 
+/// Builds a runtime on `url` with a 2 s engine timeout; panics if building hangs for 20 s.
+async fn build_within_20_s(url: &str) -> Result<Runtime, dlock_tests::LockError> {
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        Runtime::builder()
+            .redis(url)
+            .timeout(Duration::from_secs(2))
+            .build(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("building a runtime on {url} hung for 20 s"))
+}
+
+/// Two runtimes on a TLS server: two owners, as two processes would be.
+async fn tls_runtimes(server: &RedisServer) -> [Runtime; 2] {
+    [tls_runtime(server).await, tls_runtime(server).await]
+}
+
 async fn tls_runtime(server: &RedisServer) -> Runtime {
     assert!(server.url().starts_with("rediss://"), "{}", server.url());
     Runtime::builder()
@@ -28,8 +46,7 @@ async fn tls_runtime(server: &RedisServer) -> Runtime {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_acquire_excludes_a_second_runtime_until_release() {
     let server = RedisServer::start_tls();
-    let a = tls_runtime(&server).await;
-    let b = tls_runtime(&server).await;
+    let [a, b] = tls_runtimes(&server).await;
     let key = "tls:exclusion";
 
     let guard = a.lock(key).lease(LEASE).held("acquire").await;
@@ -67,8 +84,7 @@ async fn tls_acquire_excludes_a_second_runtime_until_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_release_wakes_waiter_in_other_runtime_within_500_ms() {
     let server = RedisServer::start_tls();
-    let holder_rt = tls_runtime(&server).await;
-    let waiter_rt = tls_runtime(&server).await;
+    let [holder_rt, waiter_rt] = tls_runtimes(&server).await;
     let key = "tls:notify";
     let bound = Duration::from_millis(500);
     release_wakes_the_waiter(&holder_rt, &waiter_rt, key, (3, bound), "TLS").await;
@@ -77,8 +93,7 @@ async fn tls_release_wakes_waiter_in_other_runtime_within_500_ms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_watchdog_keeps_one_second_lease_for_three_seconds() {
     let server = RedisServer::start_tls();
-    let rt = tls_runtime(&server).await;
-    let other = tls_runtime(&server).await;
+    let [rt, other] = tls_runtimes(&server).await;
     let period = Duration::from_secs(3);
     assert_watchdog_renews_on(&server, (&rt, Some(&other)), "tls:watchdog", period).await;
 }
@@ -88,15 +103,7 @@ async fn tls_plaintext_url_to_tls_port_fails_with_backend_error_promptly() {
     let server = RedisServer::start_tls();
     let plain = format!("redis://127.0.0.1:{}", server.port());
     let start = Instant::now();
-    let out = tokio::time::timeout(
-        Duration::from_secs(20),
-        Runtime::builder()
-            .redis(plain.clone())
-            .timeout(Duration::from_secs(2))
-            .build(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("building a runtime on {plain} (a TLS port) hung for 20 s"));
+    let out = build_within_20_s(&plain).await;
     let elapsed = start.elapsed();
     let err = match out {
         Ok(rt) => {
@@ -131,15 +138,7 @@ async fn tls_certificate_of_an_untrusted_ca_is_rejected() {
     let server = RedisServer::start_tls();
     let verified = server.tls_url_verified();
     let start = Instant::now();
-    let out = tokio::time::timeout(
-        Duration::from_secs(20),
-        Runtime::builder()
-            .redis(verified.clone())
-            .timeout(Duration::from_secs(2))
-            .build(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("building a runtime on {verified} hung for 20 s"));
+    let out = build_within_20_s(&verified).await;
     let err = match out {
         Ok(rt) => tokio::time::timeout(
             Duration::from_secs(20),

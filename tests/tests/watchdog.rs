@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::{
     AcquireExt, BuildExt, HoldExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on,
-    hold_in_process, lock_key, redis_with_runtime, redis_with_timeout,
+    hold_fenced_in_process, lock_key, redis_with_runtime, redis_with_timeout,
 };
 
 /// The lock hash's TTL is the lease: renewed every third of a 1 s lease for five seconds, it
@@ -26,8 +26,7 @@ async fn renewed_lock_hash_ttl_stays_within_the_lease() {
 async fn killed_holder_process_frees_key_after_about_one_lease() {
     let server = RedisServer::start();
     let key = "watchdog:killed-holder";
-    let (mut holder, holder_fence) = hold_in_process(&server.url(), key, 1000, &[]).await;
-    let holder_fence = holder_fence.expect("a fence");
+    let (mut holder, holder_fence) = hold_fenced_in_process(&server.url(), key, 1000).await;
     // Past the 1 s lease: the holder's watchdog keeps it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
@@ -155,8 +154,7 @@ async fn transient_outage_shorter_than_lease_is_not_a_loss() {
 async fn paused_holder_process_loses_the_lock_and_learns_it_on_resume() {
     let server = RedisServer::start();
     let key = "watchdog:paused-holder";
-    let (mut holder, holder_fence) = hold_in_process(&server.url(), key, 1000, &[]).await;
-    let holder_fence = holder_fence.expect("a fence");
+    let (mut holder, holder_fence) = hold_fenced_in_process(&server.url(), key, 1000).await;
     let rt = Runtime::from_url(&server.url()).await.expect("runtime");
     holder.pause();
     let bounds = Duration::from_millis(500)..=Duration::from_millis(3000);

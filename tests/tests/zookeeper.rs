@@ -19,8 +19,8 @@ use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, HoldExt, RedisServer, Runtime, assert_between, assert_busy,
-    count_in_processes, eventually, finish_within, hold_in_process, while_held,
+    AcquireExt, BuildExt, Counting, HoldExt, HolderProcess, RedisServer, Runtime, assert_between,
+    assert_busy, count_in_processes, eventually, finish_within, hold_fenced_in_process, while_held,
 };
 
 /// Bound on anything that should happen "at once" (a hand-off, a background release).
@@ -92,6 +92,19 @@ async fn queue_len(zk: &ZooKeeperServer, key: &str, len: usize, within: Duration
     }
 }
 
+/// A runtime on `zk`, and a `dlock-holder` process holding `key` on its own session of
+/// `session_timeout` (with its fence).
+async fn holder_process_on_session(
+    zk: &ZooKeeperServer,
+    key: &str,
+    session_timeout: &str,
+) -> (Runtime, HolderProcess, u64) {
+    let rt = runtime(zk).await;
+    let url = format!("{}?session_timeout={session_timeout}", zk.url());
+    let (holder, fence) = hold_fenced_in_process(&url, key, 2000).await;
+    (rt, holder, fence)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_across_three_processes_exact_counter() {
     const RUNS: (u64, u64) = (3, 20);
@@ -137,11 +150,8 @@ async fn waiters_acquire_in_arrival_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_process_frees_the_key_after_the_session_timeout() {
     let zk = ZooKeeperServer::start();
-    let rt = runtime(&zk).await;
     let key = "zk:kill9";
-    let url = format!("{}?session_timeout=2s", zk.url());
-    let (mut holder, holder_fence) = hold_in_process(&url, key, 2000, &[]).await;
-    let holder_fence = holder_fence.expect("a fence");
+    let (rt, mut holder, holder_fence) = holder_process_on_session(&zk, key, "2s").await;
     assert_busy(&rt, key, "while the holder process lives").await;
     holder.kill9().await;
     let bounds = Duration::from_secs(1)..=Duration::from_secs(8);
@@ -154,11 +164,8 @@ async fn killed_holder_process_frees_the_key_after_the_session_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_holder_process_loses_its_session_and_another_acquires() {
     let zk = ZooKeeperServer::start();
-    let rt = runtime(&zk).await;
     let key = "zk:sigstop";
-    let url = format!("{}?session_timeout=1s", zk.url());
-    let (mut holder, holder_fence) = hold_in_process(&url, key, 2000, &[]).await;
-    let holder_fence = holder_fence.expect("a fence");
+    let (rt, mut holder, holder_fence) = holder_process_on_session(&zk, key, "1s").await;
     let rt2 = rt.clone();
     let waiter = tokio::spawn(async move {
         let guard = rt2

@@ -176,38 +176,10 @@ impl Backend for RedisBackend {
     }
 
     async fn watch(&self, key: &str) -> Result<(), LockError> {
-        let channel = self.names.channel(key);
-        match &self.link {
-            Link::Single(c) => {
-                let mut c = c.clone();
-                self.call(Some(key), "subscribe failed", c.subscribe(channel))
-                    .await
-            }
-            Link::Cluster(link) => {
-                let mut c = link.conn();
-                self.call(Some(key), "subscribe failed", c.ssubscribe(&channel))
-                    .await?;
-                // Restored by the maintenance task after a disconnect or a rebuild.
-                link.channels().insert(channel);
-                Ok(())
-            }
-        }
+        self.set_subscribed(key, true).await
     }
 
     async fn unwatch(&self, key: &str) -> Result<(), LockError> {
-        let channel = self.names.channel(key);
-        match &self.link {
-            Link::Single(c) => {
-                let mut c = c.clone();
-                self.call(Some(key), "unsubscribe failed", c.unsubscribe(channel))
-                    .await
-            }
-            Link::Cluster(link) => {
-                link.channels().remove(&channel);
-                let mut c = link.conn();
-                self.call(Some(key), "unsubscribe failed", c.sunsubscribe(&channel))
-                    .await
-            }
-        }
+        self.set_subscribed(key, false).await
     }
 }

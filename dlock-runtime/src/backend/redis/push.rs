@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use redis::{PushInfo, PushKind, Value};
 
+use super::RedisBackend;
+use super::link::Link;
 use super::names::Names;
+use crate::LockError;
 use crate::backend::Wakeups;
 
 /// The push sender of a connection: hands every push to [`on_push`]; on Cluster a disconnect
@@ -56,5 +59,54 @@ fn on_push(wakeups: &dyn Wakeups, names: &Names, origin: &str, push: PushInfo) {
         }
         PushKind::Disconnection => wakeups.wake_all(),
         _ => {}
+    }
+}
+
+impl RedisBackend {
+    /// Subscribes to (or unsubscribes from) the release channel of `key`: `SUBSCRIBE` on one
+    /// server, `SSUBSCRIBE` (sharded, follows the slot) on Cluster, where the maintenance task
+    /// restores the subscribed channels after a disconnect or a rebuild.
+    pub(super) async fn set_subscribed(
+        &self,
+        key: &str,
+        subscribed: bool,
+    ) -> Result<(), LockError> {
+        let channel = self.names.channel(key);
+        let what = if subscribed {
+            "subscribe failed"
+        } else {
+            "unsubscribe failed"
+        };
+        match &self.link {
+            Link::Single(c) => {
+                let mut c = c.clone();
+                let call = async {
+                    if subscribed {
+                        c.subscribe(&channel).await
+                    } else {
+                        c.unsubscribe(&channel).await
+                    }
+                };
+                self.call(Some(key), what, call).await
+            }
+            Link::Cluster(link) => {
+                if !subscribed {
+                    link.channels().remove(&channel);
+                }
+                let mut c = link.conn();
+                let call = async {
+                    if subscribed {
+                        c.ssubscribe(&channel).await
+                    } else {
+                        c.sunsubscribe(&channel).await
+                    }
+                };
+                self.call(Some(key), what, call).await?;
+                if subscribed {
+                    link.channels().insert(channel);
+                }
+                Ok(())
+            }
+        }
     }
 }
