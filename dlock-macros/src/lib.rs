@@ -280,9 +280,10 @@ use crate::key::Bindings;
 /// # What it expands to
 ///
 /// The attributes, visibility and signature are kept as written; only the body changes. For
-/// `key = "stock:{id}", lease = "30s", wait = "1s"`:
+/// `key = "stock:{id}", lease = "30s", wait = "1s"` (an illustration, not compiled: the
+/// original body stands where the comment is):
 ///
-/// ```ignore
+/// ```text
 /// async fn buy(id: u64, qty: u32) -> Result<u64, ShopError> {
 ///     let __dlock_key = ::std::format!("stock:{}", id);
 ///     ::dlock_runtime::__private::run(
