@@ -178,3 +178,47 @@ async fn paused_holder_process_loses_the_lock_and_learns_it_on_resume() {
     assert!(!guard.is_lost(), "the new holder keeps its lock");
     guard.release().await.expect("release");
 }
+
+/// Regression (issue "reliability", renewal verdicts): another application overwrites one held
+/// lock's hash with a string. Renewing that key raises WRONGTYPE inside the batch script; the
+/// other locks renewed in the same call must keep their leases (one verdict per key), and only
+/// the overwritten one is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_value_at_one_key_loses_only_that_lock_of_the_renewal_batch() {
+    let (server, rt) = redis_with_runtime().await;
+    let lease = Duration::from_secs(1);
+    // Taken back to back with one lease: due in the same coalescing window, renewed in one call.
+    let keys = ["watchdog:batch-a", "watchdog:batch-b", "watchdog:batch-c"];
+    let mut guards = Vec::new();
+    for key in keys {
+        guards.push(rt.lock(key).lease(lease).held("acquire").await);
+    }
+    let _: () = server
+        .query(
+            redis::cmd("SET")
+                .arg(lock_key(keys[0]))
+                .arg("another app's value"),
+        )
+        .await;
+    tokio::time::timeout(Duration::from_secs(5), guards[0].lost())
+        .await
+        .expect("the overwritten lock is reported lost");
+    // Three more leases: the other two must have been renewed all along.
+    tokio::time::sleep(lease * 3).await;
+    for (key, guard) in keys.iter().zip(&guards).skip(1) {
+        assert!(
+            !guard.is_lost(),
+            "{key} was lost with the overwritten key's batch"
+        );
+        assert!(server.exists(&lock_key(key)).await, "{key} expired");
+    }
+    let mut guards = guards.into_iter();
+    let overwritten = guards.next().expect("three guards");
+    assert!(
+        overwritten.release().await.is_err(),
+        "the overwritten lock is not ours"
+    );
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+}
