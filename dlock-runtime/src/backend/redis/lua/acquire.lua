@@ -1,4 +1,4 @@
--- Acquire (or re-enter) a reentrant lock, Redisson style.
+-- Acquire a lock, idempotent per owner token.
 --
 -- KEYS[1]  lock hash `<prefix>{<key>}`: fields owner, count (hold count), fence
 -- KEYS[2]  fence counter `<prefix>{<key>}:fence`
@@ -7,8 +7,9 @@
 -- ARGV[3]  fence counter TTL in milliseconds
 --
 -- Returns one integer (cheaper than a table, on the hot path):
---         fence > 0     acquired fresh (the counter was bumped), or re-entered by the same
---                       owner (hold count + 1, TTL reset, same fence)
+--         fence > 0     acquired fresh (the counter was bumped), or already held by this owner:
+--                       a retry of the same request (TTL reset, same fence, still one hold;
+--                       the runtime re-enters within a call chain locally, never here)
 --         -1            held by another owner, with no TTL on the key
 --         -2 - pttl     held by another owner whose lease has pttl ms left
 --
@@ -31,7 +32,6 @@ if owner == false then
   return fence
 end
 if owner == ARGV[1] then
-  redis.call('HINCRBY', KEYS[1], 'count', 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return tonumber(redis.call('HGET', KEYS[1], 'fence'))
 end
