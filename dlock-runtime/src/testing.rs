@@ -7,6 +7,13 @@ pub fn hash_slot(key: &[u8]) -> u16 {
     crate::backend::redis::hash_slot(key)
 }
 
+/// The Redis names of `key` under `prefix`: lock hash, fence counter, release channel.
+#[cfg(feature = "redis")]
+pub fn redis_names(prefix: &str, key: &str) -> [String; 3] {
+    let names = crate::backend::redis::Names::new(prefix);
+    [names.lock(key), names.fence(key), names.channel(key)]
+}
+
 /// A user key as the one ZooKeeper path segment the engine stores it under.
 #[cfg(feature = "zookeeper")]
 pub fn zookeeper_segment(key: &str) -> String {

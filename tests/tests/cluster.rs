@@ -788,3 +788,45 @@ async fn processes_on_the_cluster_increment_a_counter_exactly() {
     let total = count_in_processes(Counting::Guard, &url, &store, key, RUNS).await;
     assert_eq!(total, RUNS.0 * RUNS.1);
 }
+
+/// Regression (issue "reliability", Cluster hash tags): a key that starts with `}` (an empty
+/// hash tag as written) and a prefix with braces still keep a lock's hash, fence counter and
+/// channel in one slot: acquiring, excluding, waking a waiter and releasing all work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_prefixes_with_braces_keep_one_slot_per_lock() {
+    let cluster = RedisCluster::start();
+    for prefix in ["dlock:", "app{x}:", "a{}b:"] {
+        let url = format!("{}?prefix={prefix}", cluster.url());
+        let rt = Runtime::from_url(&url).await.expect("runtime");
+        let other = Runtime::from_url(&url).await.expect("runtime");
+        for key in ["}abc", "}", "a}b{c", "{}"] {
+            let what = format!("prefix {prefix:?}, key {key:?}");
+            let guard = rt.lock(key).lease(LONG_LEASE).held(&what).await;
+            assert!(guard.fence().is_some(), "{what}: a fence");
+            other
+                .lock(key)
+                .wait(Duration::ZERO)
+                .times_out(&format!("{what}: excluded"))
+                .await;
+            let waiter = tokio::spawn({
+                let other = other.clone();
+                let key = key.to_owned();
+                async move {
+                    other
+                        .lock(key)
+                        .wait(Duration::from_secs(10))
+                        .acquire()
+                        .await
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            guard.release().await.expect("release");
+            let next = waiter
+                .await
+                .expect("task")
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(next.fence() > Some(0), "{what}");
+            next.release().await.expect("release");
+        }
+    }
+}

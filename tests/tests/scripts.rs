@@ -135,7 +135,11 @@ async fn last_release_publishes_on_the_keys_channel() {
     pubsub.subscribe(released_channel("pub")).await.unwrap();
     assert!(acquire(&mut conn, "pub", A, 30_000).await > 0);
     assert_eq!(release(&mut conn, "pub", A).await, 1);
-    assert_eq!(release(&mut conn, "pub", A).await, 0, "a second release is not the owner's");
+    assert_eq!(
+        release(&mut conn, "pub", A).await,
+        0,
+        "a second release is not the owner's"
+    );
     use futures_util::StreamExt;
     let mut messages = pubsub.on_message();
     let msg = tokio::time::timeout(std::time::Duration::from_secs(2), messages.next())

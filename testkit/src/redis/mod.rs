@@ -206,19 +206,23 @@ pub fn script_calls_in(info: &str) -> u64 {
         .sum()
 }
 
-/// The Redis key of the lock hash for `key` with the default prefix: `dlock:{<key>}`.
+/// The Redis key of the lock hash for `key` with the default prefix: `dlock:{<key>}` (the
+/// library's naming rule, braces and `%` in the key escaped).
 pub fn lock_key(key: &str) -> String {
-    format!("dlock:{{{key}}}")
+    let [lock, _, _] = dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
+    lock
 }
 
 /// The Redis key of the fence counter for `key`: `dlock:{<key>}:fence`.
 pub fn fence_key(key: &str) -> String {
-    format!("dlock:{{{key}}}:fence")
+    let [_, fence, _] = dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
+    fence
 }
 
 /// The release channel for `key`: `dlock:{<key>}:released`.
 pub fn released_channel(key: &str) -> String {
-    format!("dlock:{{{key}}}:released")
+    let [_, _, channel] = dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
+    channel
 }
 
 /// The URL raw test clients use (the redis crate; `#insecure` for a TLS server).

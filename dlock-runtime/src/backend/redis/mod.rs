@@ -22,11 +22,10 @@ pub(crate) mod script;
 
 use std::time::Duration;
 
-pub(crate) use names::hash_slot;
+pub(crate) use names::{Names, hash_slot};
 
 use self::cluster::ClusterLink;
 use self::link::Link;
-use self::names::Names;
 use self::script::{Scripts, decode_acquire, millis_ceil};
 use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
 use crate::LockError;
@@ -50,9 +49,7 @@ pub(crate) struct RedisBackend {
 impl RedisBackend {
     /// Connects to one Redis server (`redis://` or `rediss://`).
     pub(crate) async fn connect(url: &str, ctx: &Context) -> Result<Self, LockError> {
-        let names = Names {
-            prefix: ctx.prefix.clone(),
-        };
+        let names = Names::new(&ctx.prefix);
         let link = Link::single(url, &names, ctx).await?;
         Ok(Self::with_link(link, names, ctx))
     }
@@ -60,9 +57,7 @@ impl RedisBackend {
     /// Like [`RedisBackend::connect`], but connects on first use: a node that is down now
     /// answers each call with an error (Redlock tolerates a minority of those).
     pub(crate) fn connect_lazy(url: &str, ctx: &Context) -> Result<Self, LockError> {
-        let names = Names {
-            prefix: ctx.prefix.clone(),
-        };
+        let names = Names::new(&ctx.prefix);
         let link = Link::single_lazy(url, &names, ctx)?;
         Ok(Self::with_link(link, names, ctx))
     }
@@ -72,9 +67,7 @@ impl RedisBackend {
         seeds: &[String],
         ctx: &Context,
     ) -> Result<Self, LockError> {
-        let names = Names {
-            prefix: ctx.prefix.clone(),
-        };
+        let names = Names::new(&ctx.prefix);
         let link = ClusterLink::connect(seeds, &names, ctx).await?;
         Ok(Self::with_link(link, names, ctx))
     }

@@ -2,33 +2,83 @@
 //! - lock hash `<prefix>{<key>}`: `owner`, `count` (hold count), `fence`; its TTL is the lease;
 //! - fence counter `<prefix>{<key>}:fence`;
 //! - release channel `<prefix>{<key>}:released`.
+//!
+//! The hash tag must be the key, whatever the key and the prefix: inside the braces a key's
+//! `%` and `}` are written `%25` and `%7D`, and the prefix's `%`, `{` and `}` likewise (with
+//! `%7B`), so the first `{` of every name is the tag's, the tag ends where the key does and is
+//! never empty. Keys and prefixes without those characters keep their names as written.
 
 /// Key and channel names for one prefix.
 #[derive(Debug, Clone)]
-pub(super) struct Names {
-    pub(super) prefix: String,
+pub(crate) struct Names {
+    /// The prefix as written in names (braces and `%` escaped).
+    prefix: String,
 }
 
 impl Names {
-    pub(super) fn lock(&self, key: &str) -> String {
-        format!("{}{{{key}}}", self.prefix)
+    pub(crate) fn new(prefix: &str) -> Self {
+        Self {
+            prefix: escape(prefix, &['%', '{', '}']),
+        }
     }
 
-    pub(super) fn fence(&self, key: &str) -> String {
-        format!("{}{{{key}}}:fence", self.prefix)
+    /// `<prefix>{<key>}`, the part every name of the key starts with.
+    fn tagged(&self, key: &str) -> String {
+        format!("{}{{{}}}", self.prefix, escape(key, &['%', '}']))
     }
 
-    pub(super) fn channel(&self, key: &str) -> String {
-        format!("{}{{{key}}}:released", self.prefix)
+    pub(crate) fn lock(&self, key: &str) -> String {
+        self.tagged(key)
+    }
+
+    pub(crate) fn fence(&self, key: &str) -> String {
+        self.tagged(key) + ":fence"
+    }
+
+    pub(crate) fn channel(&self, key: &str) -> String {
+        self.tagged(key) + ":released"
     }
 
     /// The user key of a release channel, if the channel is one of ours.
-    pub(super) fn key_of_channel<'c>(&self, channel: &'c str) -> Option<&'c str> {
-        channel
+    pub(super) fn key_of_channel(&self, channel: &str) -> Option<String> {
+        let tag = channel
             .strip_prefix(self.prefix.as_str())?
             .strip_prefix('{')?
-            .strip_suffix("}:released")
+            .strip_suffix("}:released")?;
+        unescape(tag)
     }
+}
+
+/// `text` with each of `special` (and only those) written `%XX`.
+fn escape(text: &str, special: &[char]) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if special.contains(&c) {
+            out.push_str(&format!("%{:02X}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The inverse of [`escape`] for the characters it writes (`%25`, `%7B`, `%7D`).
+fn unescape(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at + 1..at + 3)?;
+        out.push(match code {
+            "25" => '%',
+            "7B" => '{',
+            "7D" => '}',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
 }
 
 /// The hash slot of a key (CRC16/XMODEM of its hash tag, mod 16384), as Redis Cluster computes
@@ -65,16 +115,33 @@ mod tests {
 
     #[test]
     fn names_share_one_hash_tag_and_map_back() {
-        let n = Names {
-            prefix: "dlock:".into(),
-        };
+        let n = Names::new("dlock:");
         assert_eq!(n.lock("stock:42"), "dlock:{stock:42}");
         assert_eq!(n.fence("stock:42"), "dlock:{stock:42}:fence");
         assert_eq!(n.channel("stock:42"), "dlock:{stock:42}:released");
-        for key in ["stock:42", "a}b{c", "", "ключ {x}"] {
-            assert_eq!(n.key_of_channel(&n.channel(key)), Some(key));
+        assert_eq!(n.lock("}x"), "dlock:{%7Dx}");
+        assert_eq!(n.lock("100%"), "dlock:{100%25}");
+        for key in ["stock:42", "a}b{c", "", "ключ {x}", "}", "%7D", "{}"] {
+            assert_eq!(n.key_of_channel(&n.channel(key)).as_deref(), Some(key));
         }
         assert_eq!(n.key_of_channel("other:{x}:released"), None);
+    }
+
+    /// Regression (issue "reliability", Cluster hash tags): a key starting with `}` or a prefix
+    /// with braces gave an empty or foreign hash tag, so a lock's names fell in different slots
+    /// (CROSSSLOT on every acquire) or every key in one.
+    #[test]
+    fn every_key_and_prefix_give_one_slot_per_key_named_by_the_key() {
+        for prefix in ["dlock:", "app{", "a{}b:", "}{", "x{y}:", "%7D"] {
+            let n = Names::new(prefix);
+            for key in ["}abc", "}", "{}", "a}b", "{x}", "k", "%"] {
+                let slot = hash_slot(n.lock(key).as_bytes());
+                assert_eq!(hash_slot(n.fence(key).as_bytes()), slot, "{prefix} {key}");
+                assert_eq!(hash_slot(n.channel(key).as_bytes()), slot, "{prefix} {key}");
+                let tag = escape(key, &['%', '}']);
+                assert_eq!(slot, hash_slot(tag.as_bytes()), "tag of {prefix:?} {key:?}");
+            }
+        }
     }
 
     #[test]
@@ -84,9 +151,7 @@ mod tests {
         assert_eq!(hash_slot(b"foo"), 12182);
         assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
         assert_eq!(hash_slot(b"foo{}{bar}"), hash_slot(b"foo{}{bar}"));
-        let n = Names {
-            prefix: "dlock:".into(),
-        };
+        let n = Names::new("dlock:");
         let key = "stock:42";
         let slot = hash_slot(n.lock(key).as_bytes());
         assert_eq!(hash_slot(n.fence(key).as_bytes()), slot);

@@ -37,7 +37,7 @@ pub(super) fn push_handler(
 fn on_push(wakeups: &dyn Wakeups, names: &Names, origin: &str, push: PushInfo) {
     let channel_key = |v: Option<&Value>| -> Option<String> {
         let channel: String = redis::from_redis_value_ref(v?).ok()?;
-        names.key_of_channel(&channel).map(str::to_owned)
+        names.key_of_channel(&channel)
     };
     match push.kind {
         PushKind::Message | PushKind::SMessage => {
