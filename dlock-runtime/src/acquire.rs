@@ -12,9 +12,14 @@ use crate::LockError;
 use crate::backend::Attempt;
 use crate::core::{Core, ReleaseOnDrop};
 use crate::held::Held;
+use crate::wait::Ticket;
 
 /// Pause before a waiter retries after an engine error.
 const ERROR_RETRY: Duration = Duration::from_millis(100);
+
+/// How often a waiter without notifications (the engine refused the subscription) looks
+/// again, and asks for the subscription again.
+const POLL_UNWATCHED: Duration = Duration::from_millis(200);
 
 /// Longest deadline the runtime computes; a larger `wait` means "until acquired".
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -145,11 +150,9 @@ async fn wait_in_queue(
     let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue().turn.lock()).await else {
         return Err(timeout(key));
     };
-    match tokio::time::timeout_at(deadline, ticket.ensure_watched()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => return Err(err),
-        Err(_) => return Err(timeout(key)),
-    }
+    let Some(mut watched) = watch(&ticket, &key, deadline).await else {
+        return Err(timeout(key));
+    };
     let queue = ticket.queue();
     loop {
         let freed = queue.freed.notified();
@@ -190,13 +193,37 @@ async fn wait_in_queue(
                     return Err(timeout(key));
                 }
                 // A lost notification costs at most the holder's remaining TTL. Without a TTL
-                // (somebody persisted the key) look again after a short while.
-                let recheck = now + ttl.unwrap_or(Duration::from_millis(100)).min(FOREVER);
+                // (somebody persisted the key) look again after a short while; without a
+                // subscription, poll.
+                let mut pause = ttl.unwrap_or(Duration::from_millis(100)).min(FOREVER);
+                if !watched {
+                    pause = pause.min(POLL_UNWATCHED);
+                }
                 tokio::select! {
                     _ = freed => {}
-                    _ = tokio::time::sleep_until(recheck.min(deadline)) => {}
+                    _ = tokio::time::sleep_until((now + pause).min(deadline)) => {}
+                }
+                if !watched {
+                    let Some(now_watched) = watch(&ticket, &key, deadline).await else {
+                        return Err(timeout(key));
+                    };
+                    watched = now_watched;
                 }
             }
         }
+    }
+}
+
+/// Asks for "may be free" notifications on `key`: `Some(true)` when they flow, `Some(false)`
+/// when the engine refused (the waiter then polls within its budget rather than failing), `None`
+/// when the deadline passed first.
+async fn watch(ticket: &Ticket, key: &str, deadline: Instant) -> Option<bool> {
+    match tokio::time::timeout_at(deadline, ticket.ensure_watched()).await {
+        Ok(Ok(())) => Some(true),
+        Ok(Err(err)) => {
+            tracing::debug!(key = %key, error = %err, "no notifications for this key; polling within the wait");
+            Some(false)
+        }
+        Err(_) => None,
     }
 }

@@ -154,3 +154,54 @@ async fn hot_key_handoffs(server: &RedisServer, runtimes: &[Runtime]) {
          releases wake more than one waiter"
     );
 }
+
+/// Regression (issue "reliability", failed subscriptions): a waiter whose `SUBSCRIBE` is refused
+/// (here an ACL user that may publish but not subscribe) keeps waiting within its budget by
+/// polling, bounded by the holder's TTL, instead of failing with `Backend` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_subscription_falls_back_to_polling_within_the_wait() {
+    let (server, holder_rt) = redis_with_runtime().await;
+    let _: () = server
+        .query(
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("nosub")
+                .arg("on")
+                .arg(">pw")
+                .arg("~*")
+                .arg("&*")
+                .arg("+@all")
+                .arg("-subscribe")
+                .arg("-ssubscribe"),
+        )
+        .await;
+    let url = format!("redis://nosub:pw@127.0.0.1:{}", server.port());
+    let waiter_rt = Runtime::from_url(&url).await.expect("runtime as nosub");
+    let key = "notify:no-subscribe";
+    let holder = holder_rt
+        .lock(key)
+        .lease(Duration::from_secs(2))
+        .held("holder")
+        .await;
+    let start = Instant::now();
+    let waiter = tokio::spawn(async move {
+        waiter_rt
+            .lock(key)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.release().await.expect("release");
+    let guard = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter ends")
+        .expect("task")
+        .unwrap_or_else(|e| panic!("the waiter must get the key without a subscription: {e}"));
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "got the key {took:?} after it started waiting (holder lease 2 s, released at 300 ms)"
+    );
+    guard.release().await.expect("release");
+}
