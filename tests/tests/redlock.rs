@@ -852,3 +852,33 @@ async fn processes_on_redlock_increment_a_counter_exactly() {
         .assert_on_every_live_node(key, false, "after every process released")
         .await;
 }
+
+/// Regression (issue "reliability", Redlock validity): with one node paused every attempt waits
+/// out the node timeout, so a majority grant arrives with little of the lease left. Such a grant
+/// must not count: the lock is taken only with at least half the lease still valid (before the
+/// first renewal could be due), else the attempt is undone and reported busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_with_little_validity_left_is_not_taken() {
+    const NODE_TIMEOUT: Duration = Duration::from_millis(200);
+    let lease = Duration::from_millis(260);
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(NODE_TIMEOUT).await;
+    rt.lock("redlock:warm").cycled("warm-up acquire").await;
+    nodes.servers[2].pause();
+    for round in 0..3 {
+        let key = format!("redlock:short-validity:{round}");
+        match rt.lock(key.as_str()).lease(lease).acquire().await {
+            Ok(guard) => {
+                let left = guard.valid_for();
+                guard.release().await.ok();
+                panic!("granted with {left:?} of a {lease:?} lease left (at least half required)");
+            }
+            Err(err) => assert!(err.is_timeout(), "expected Timeout (busy), got {err:?}"),
+        }
+        // The undone attempt leaves nothing on the live nodes.
+        for server in &nodes.servers[..2] {
+            assert!(!server.exists(&lock_key(&key)).await, "{key} left behind");
+        }
+    }
+    nodes.servers[2].resume();
+}

@@ -1,6 +1,8 @@
-//! Configuration of Redlock: `redlock://h1:p1,h2:p2,h3:p3[?node_timeout=100ms]`, or the builder's
-//! `.redlock([urls])` with one `redis://` URL per node (each may carry its own password, db or
-//! TLS) and `.node_timeout(d)`.
+//! Configuration of Redlock: `redlock://h1:p1,h2:p2,h3:p3[?node_timeout=100ms&min_validity=0.5]`,
+//! or the builder's `.redlock([urls])` with one `redis://` URL per node (each may carry its own
+//! password, db or TLS) and `.node_timeout(d)`. `min_validity` is the fraction of the lease that
+//! must still be valid when a majority has granted it (default one half: the first renewal is
+//! due a third of the lease after the request was sent).
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,13 +17,25 @@ use crate::backend::{Connecting, Context, DynBackend, EngineConfig, Setting};
 /// Default per-node timeout of Redlock calls.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// Default fraction of the lease that must be left when a majority has granted it.
+const DEFAULT_MIN_VALIDITY: f64 = 0.5;
+
 /// The engine's own options (beside the redis client's).
-const OPTIONS: [&str; 6] = ["node_timeout", "protocol", "db", "user", "pass", "ca"];
+const OPTIONS: [&str; 7] = [
+    "node_timeout",
+    "min_validity",
+    "protocol",
+    "db",
+    "user",
+    "pass",
+    "ca",
+];
 
 #[derive(Clone)]
 pub(crate) struct RedlockConfig {
     nodes: Vec<String>,
     node_timeout: Duration,
+    min_validity: f64,
 }
 
 impl fmt::Debug for RedlockConfig {
@@ -32,6 +46,7 @@ impl fmt::Debug for RedlockConfig {
                 &self.nodes.iter().map(|n| redact(n)).collect::<Vec<_>>(),
             )
             .field("node_timeout", &self.node_timeout)
+            .field("min_validity", &self.min_validity)
             .finish()
     }
 }
@@ -42,6 +57,7 @@ impl RedlockConfig {
         Self {
             nodes,
             node_timeout: DEFAULT_NODE_TIMEOUT,
+            min_validity: DEFAULT_MIN_VALIDITY,
         }
     }
 
@@ -62,13 +78,14 @@ impl EngineConfig for RedlockConfig {
     fn set(&mut self, name: &str, value: Setting<'_>) -> Result<bool, LockError> {
         match name {
             "node_timeout" => self.node_timeout = value.positive_duration(name)?,
+            "min_validity" => self.min_validity = fraction(name, value)?,
             _ => return Ok(false),
         }
         Ok(true)
     }
 
     fn options(&self) -> &'static [&'static str] {
-        debug_assert_eq!(&OPTIONS[1..], &CLIENT_OPTIONS);
+        debug_assert_eq!(&OPTIONS[2..], &CLIENT_OPTIONS);
         &OPTIONS
     }
 
@@ -83,8 +100,36 @@ impl EngineConfig for RedlockConfig {
             for node in &self.nodes {
                 check_tls(node)?;
             }
-            let backend = RedlockBackend::connect(&self.nodes, &ctx, self.node_timeout)?;
+            let backend =
+                RedlockBackend::connect(&self.nodes, &ctx, self.node_timeout, self.min_validity)?;
             Ok(Arc::new(backend) as Arc<dyn DynBackend>)
         })
+    }
+}
+
+/// A fraction in `[0, 1)` written as a decimal (`0.5`).
+fn fraction(name: &str, value: Setting<'_>) -> Result<f64, LockError> {
+    let parsed = match value {
+        Setting::Text(text) => text.parse::<f64>().ok(),
+        Setting::Duration(_) => None,
+    };
+    match parsed {
+        Some(f) if (0.0..1.0).contains(&f) => Ok(f),
+        _ => Err(LockError::config(format!(
+            "{name} must be a fraction of the lease from 0 to below 1, e.g. {name}=0.5"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn min_validity_is_a_fraction_below_one() {
+        assert_eq!(fraction("m", Setting::Text("0.25")).ok(), Some(0.25));
+        for bad in ["1", "1.5", "-0.1", "half", ""] {
+            assert!(fraction("m", Setting::Text(bad)).is_err(), "{bad}");
+        }
     }
 }

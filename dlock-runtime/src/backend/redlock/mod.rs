@@ -34,6 +34,8 @@ pub(crate) struct RedlockBackend {
     urls: Vec<String>,
     quorum: usize,
     node_timeout: Duration,
+    /// Fraction of the lease that must still be valid when a majority has granted it.
+    min_validity: f64,
 }
 
 /// Redlock's clock-drift allowance: 1 % of the lease plus 2 ms.
@@ -49,6 +51,7 @@ impl RedlockBackend {
         urls: &[String],
         ctx: &Context,
         node_timeout: Duration,
+        min_validity: f64,
     ) -> Result<Self, LockError> {
         let node_ctx = Context {
             timeout: node_timeout,
@@ -63,6 +66,7 @@ impl RedlockBackend {
             nodes,
             urls: urls.iter().map(|url| redact(url)).collect(),
             node_timeout,
+            min_validity,
         })
     }
 
@@ -123,7 +127,12 @@ impl Backend for RedlockBackend {
             .iter()
             .filter(|a| matches!(a, Ok(Attempt::Acquired { .. })))
             .count();
-        let valid = started.elapsed() + drift(lease) < lease;
+        // Validity left: lease - elapsed - drift. Counted only when at least `min_validity` of
+        // the lease is left; a grant arriving later could expire before it is first renewed.
+        let validity = lease
+            .saturating_sub(started.elapsed())
+            .saturating_sub(drift(lease));
+        let valid = validity > Duration::ZERO && validity >= lease.mul_f64(self.min_validity);
         if granted >= self.quorum && valid {
             return Ok(Attempt::Acquired { fence: None });
         }
