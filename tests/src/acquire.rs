@@ -190,6 +190,20 @@ impl AcquireExt for LockBuilder {
 /// A lease no test waits out: a key that frees up within a test's bounds was released.
 pub const LONG_LEASE: Duration = Duration::from_secs(30);
 
+/// Joins a waiter from [`AcquireExt::spawn`] within `within`; panics with `what` unless it got
+/// the key. Returns the guard and when it came.
+pub async fn waiter_got_it(
+    waiter: JoinHandle<(Result<LockGuard, LockError>, Instant)>,
+    within: Duration,
+    what: &str,
+) -> (LockGuard, Instant) {
+    let (guard, came) = tokio::time::timeout(within, waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the waiter did not finish within {within:?}"))
+        .expect("the waiter task");
+    (guard.unwrap_or_else(|e| panic!("{what}: {e:?}")), came)
+}
+
 /// Asserts `rt` (another owner: a spawned task, outside any call chain) can take `key` in one
 /// attempt, then releases it.
 pub async fn assert_free(rt: &Runtime, key: &str, when: &str) {

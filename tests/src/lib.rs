@@ -23,7 +23,8 @@ mod processes;
 
 pub use acquire::{
     AcquireExt, BuildExt, HoldExt, LONG_LEASE, acquire_within, assert_busy, assert_free,
-    assert_ttl_within_lease, finish_within, hand_off, release_wakes_the_waiter, while_held,
+    assert_ttl_within_lease, finish_within, hand_off, release_wakes_the_waiter, waiter_got_it,
+    while_held,
 };
 pub use processes::{
     Counting, count_in_processes, hold_fenced_in_process, hold_in_process, holder_bin,

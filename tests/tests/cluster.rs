@@ -808,23 +808,11 @@ async fn keys_and_prefixes_with_braces_keep_one_slot_per_lock() {
                 .wait(Duration::ZERO)
                 .times_out(&format!("{what}: excluded"))
                 .await;
-            let waiter = tokio::spawn({
-                let other = other.clone();
-                let key = key.to_owned();
-                async move {
-                    other
-                        .lock(key)
-                        .wait(Duration::from_secs(10))
-                        .acquire()
-                        .await
-                }
-            });
+            let waiter = other.lock(key).wait(Duration::from_secs(10)).spawn();
             tokio::time::sleep(Duration::from_millis(100)).await;
             guard.release().await.expect("release");
-            let next = waiter
-                .await
-                .expect("task")
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let (next, _) = waiter.await.expect("task");
+            let next = next.unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(next.fence() > Some(0), "{what}");
             next.release().await.expect("release");
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::{
     AcquireExt, HoldExt, RedisServer, Runtime, eventually, finish_within, redis_with_runtime,
-    released_channel,
+    released_channel, waiter_got_it,
 };
 
 /// Long enough that a TTL-bounded retry cannot explain any wake-up in these tests.
@@ -184,21 +184,12 @@ async fn refused_subscription_falls_back_to_polling_within_the_wait() {
         .held("holder")
         .await;
     let start = Instant::now();
-    let waiter = tokio::spawn(async move {
-        waiter_rt
-            .lock(key)
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-    });
+    let waiter = waiter_rt.lock(key).wait(Duration::from_secs(10)).spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;
     holder.release().await.expect("release");
-    let guard = tokio::time::timeout(Duration::from_secs(15), waiter)
-        .await
-        .expect("the waiter ends")
-        .expect("task")
-        .unwrap_or_else(|e| panic!("the waiter must get the key without a subscription: {e}"));
-    let took = start.elapsed();
+    let what = "the waiter must get the key without a subscription";
+    let (guard, came) = waiter_got_it(waiter, Duration::from_secs(15), what).await;
+    let took = came - start;
     assert!(
         took < Duration::from_secs(5),
         "got the key {took:?} after it started waiting (holder lease 2 s, released at 300 ms)"

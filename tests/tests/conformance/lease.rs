@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{AcquireExt, assert_between, while_held};
+use dlock_tests::{AcquireExt, assert_between, waiter_got_it, while_held};
 use tokio::sync::oneshot;
 
 use crate::fixture::{Engine, Fixture};
@@ -115,17 +115,7 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
         .held("acquire")
         .await;
     let guard_fence = guard.fence();
-    let waiter = {
-        let other = other.clone();
-        tokio::spawn(async move {
-            let guard = other
-                .lock(key)
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await;
-            (guard, start.elapsed())
-        })
-    };
+    let waiter = other.lock(key).wait(Duration::from_secs(20)).spawn();
     tokio::time::timeout(lease + Duration::from_secs(5), guard.lost())
         .await
         .unwrap_or_else(|_| {
@@ -140,12 +130,9 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
         lease / 2,
         lease + Duration::from_millis(1500),
     );
-    let (next, taken_after) = tokio::time::timeout(Duration::from_secs(25), waiter)
-        .await
-        .expect("the waiter finishes")
-        .expect("task");
-    let next =
-        next.unwrap_or_else(|e| panic!("{engine:?}: the waiter gets the expired key: {e:?}"));
+    let what = format!("{engine:?}: the waiter gets the expired key");
+    let (next, came) = waiter_got_it(waiter, Duration::from_secs(25), &what).await;
+    let taken_after = came - start;
     let late = guard.release().await;
     assert!(
         matches!(late, Err(ref e) if e.is_lost()),
