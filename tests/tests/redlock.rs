@@ -882,3 +882,36 @@ async fn grant_with_little_validity_left_is_not_taken() {
     }
     nodes.servers[2].resume();
 }
+
+/// Regression (issue "reliability", Redlock releases): a node that does not answer the release
+/// (paused) would keep its copy of the lock until the lease ran out. The release is retried in
+/// the background, so once the node answers again its copy goes within seconds, not a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_a_node_missed_is_retried_in_the_background() {
+    const NODE_TIMEOUT: Duration = Duration::from_millis(200);
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(NODE_TIMEOUT).await;
+    let key = "redlock:release-retry";
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(60))
+        .held("acquire")
+        .await;
+    nodes.servers[2].pause();
+    guard.release().await.expect("a majority released");
+    for server in &nodes.servers[..2] {
+        assert!(
+            !server.exists(&lock_key(key)).await,
+            "released on live nodes"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nodes.servers[2].resume();
+    let paused = &nodes.servers[2];
+    eventually(
+        Duration::from_secs(5),
+        "the missed release is retried",
+        || async { !paused.exists(&lock_key(key)).await },
+    )
+    .await;
+}

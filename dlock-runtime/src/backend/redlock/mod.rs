@@ -29,8 +29,11 @@ use super::redis::config::redact;
 use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
 use crate::LockError;
 
+/// Background attempts at a release (or an undo) a node did not answer.
+const RELEASE_RETRIES: u32 = 5;
+
 pub(crate) struct RedlockBackend {
-    nodes: Vec<RedisBackend>,
+    nodes: Vec<Arc<RedisBackend>>,
     urls: Vec<String>,
     quorum: usize,
     node_timeout: Duration,
@@ -59,7 +62,7 @@ impl RedlockBackend {
         };
         let nodes = urls
             .iter()
-            .map(|url| RedisBackend::connect_lazy(url, &node_ctx))
+            .map(|url| RedisBackend::connect_lazy(url, &node_ctx).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             quorum: nodes.len() / 2 + 1,
@@ -96,6 +99,25 @@ impl RedlockBackend {
             }
         }))
         .await
+    }
+
+    /// Retries, in the background, a release `node` did not answer: otherwise that node keeps
+    /// its copy of the lock until the lease runs out. Owner-checked, so harmless where the
+    /// first attempt did land.
+    fn release_later(&self, node: &Arc<RedisBackend>, key: &str, owner: &str) {
+        let (node, key, owner) = (node.clone(), key.to_owned(), owner.to_owned());
+        let timeout = self.node_timeout;
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            for _ in 0..RELEASE_RETRIES {
+                tokio::time::sleep(delay).await;
+                if let Ok(Ok(_)) = tokio::time::timeout(timeout, node.release(&key, &owner)).await {
+                    return;
+                }
+                delay *= 2;
+            }
+            tracing::debug!(key = %key, "a redlock node missed a release; its copy expires with the lease");
+        });
     }
 
     /// The error when too many nodes failed for a majority to be possible.
@@ -141,14 +163,17 @@ impl Backend for RedlockBackend {
         let undo = answers
             .iter()
             .map(|a| !matches!(a, Ok(Attempt::Busy { .. })));
-        let undo: Vec<&RedisBackend> = self
+        let undo: Vec<&Arc<RedisBackend>> = self
             .nodes
             .iter()
             .zip(undo)
             .filter_map(|(node, undo)| undo.then_some(node))
             .collect();
         join_all(undo.into_iter().map(|node| async move {
-            let _ = tokio::time::timeout(self.node_timeout, node.release(key, owner)).await;
+            let undone = tokio::time::timeout(self.node_timeout, node.release(key, owner)).await;
+            if !matches!(undone, Ok(Ok(_))) {
+                self.release_later(node, key, owner);
+            }
         }))
         .await;
         let failed = answers.iter().filter(|a| a.is_err()).count();
@@ -202,6 +227,11 @@ impl Backend for RedlockBackend {
         let answers = self
             .on_all(Some(key), |node| node.release(key, owner))
             .await;
+        for (node, answer) in self.nodes.iter().zip(&answers) {
+            if answer.is_err() {
+                self.release_later(node, key, owner);
+            }
+        }
         let count = |what: Released| {
             answers
                 .iter()
