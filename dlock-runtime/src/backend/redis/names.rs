@@ -8,6 +8,8 @@
 //! `%7B`), so the first `{` of every name is the tag's, the tag ends where the key does and is
 //! never empty. Keys and prefixes without those characters keep their names as written.
 
+use std::borrow::Cow;
+
 /// Key and channel names for one prefix.
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
@@ -18,7 +20,7 @@ pub(crate) struct Names {
 impl Names {
     pub(crate) fn new(prefix: &str) -> Self {
         Self {
-            prefix: escape(prefix, &['%', '{', '}']),
+            prefix: escape(prefix, &['%', '{', '}']).into_owned(),
         }
     }
 
@@ -49,9 +51,13 @@ impl Names {
     }
 }
 
-/// `text` with each of `special` (and only those) written `%XX`.
-fn escape(text: &str, special: &[char]) -> String {
-    let mut out = String::with_capacity(text.len());
+/// `text` with each of `special` (and only those) written `%XX`; borrowed when there is none
+/// (the common case: no allocation on the hot path).
+fn escape<'a>(text: &'a str, special: &[char]) -> Cow<'a, str> {
+    if !text.contains(special) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 4);
     for c in text.chars() {
         if special.contains(&c) {
             out.push_str(&format!("%{:02X}", u32::from(c)));
@@ -59,7 +65,7 @@ fn escape(text: &str, special: &[char]) -> String {
             out.push(c);
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 /// The inverse of [`escape`] for the characters it writes (`%25`, `%7B`, `%7D`).
