@@ -202,11 +202,8 @@ impl Watchdog {
         outcome: Result<Vec<Option<bool>>, crate::LockError>,
     ) {
         let now = Instant::now();
-        match &outcome {
-            Ok(renewed) => tracing::trace!(locks = renewed.len(), "leases renewed"),
-            Err(err) => {
-                tracing::debug!(locks = ids.len(), error = %err, "renewal failed; retrying")
-            }
+        if let Ok(renewed) = &outcome {
+            tracing::trace!(locks = renewed.len(), "leases renewed");
         }
         let mut state = self.state();
         for (i, id) in ids.iter().enumerate() {
@@ -225,9 +222,22 @@ impl Watchdog {
                     entry.lost.fire();
                     state.entries.remove(id);
                 }
-                // Not determined (engine error, or too few nodes answered): retry; the local
-                // clock declares the loss if no renewal is confirmed before the validity ends.
-                Ok(None) | Err(_) => entry.due = now + retry_delay(entry.effective()),
+                // Not determined (engine error, or too few nodes answered): retry soon; the
+                // local clock declares the loss if no renewal is confirmed before the validity
+                // ends. Visible: a failover or restart shows here before any loss.
+                Ok(None) | Err(_) => {
+                    let retry_in = retry_delay(entry.effective());
+                    let valid_for = entry.valid_until.saturating_duration_since(now);
+                    match &outcome {
+                        Err(err) => {
+                            tracing::warn!(key = %entry.key, error = %err, ?retry_in, ?valid_for, "renewal failed; retrying")
+                        }
+                        Ok(_) => {
+                            tracing::warn!(key = %entry.key, ?retry_in, ?valid_for, "renewal failed: too few nodes answered; retrying")
+                        }
+                    }
+                    entry.due = now + retry_in;
+                }
             }
         }
         drop(state);

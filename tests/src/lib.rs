@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod acquire;
+mod logs;
 mod processes;
 
 pub use acquire::{
@@ -26,6 +27,7 @@ pub use acquire::{
     assert_ttl_within_lease, finish_within, hand_off, release_wakes_the_waiter, waiter_got_it,
     while_held,
 };
+pub use logs::{Logs, captured_logs};
 pub use processes::{
     Counting, count_in_processes, hold_fenced_in_process, hold_in_process, holder_bin,
 };

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::cluster::{MASTERS, RedisCluster};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, LockGuard, RedisServer, Runtime, assert_between,
-    count_in_processes, eventually, fence_key, finish_within, hand_off, hold_fenced_in_process,
-    lock_key, released_channel,
+    AcquireExt, BuildExt, Counting, LockGuard, RedisServer, Runtime, assert_between, assert_busy,
+    assert_ttl_within_lease, captured_logs, count_in_processes, eventually, fence_key,
+    finish_within, hand_off, hold_fenced_in_process, lock_key, released_channel, while_held,
 };
 
 /// Long enough that a TTL-bounded retry cannot explain a wake-up, and that no lease runs out
@@ -817,4 +817,103 @@ async fn keys_and_prefixes_with_braces_keep_one_slot_per_lock() {
             next.release().await.expect("release");
         }
     }
+}
+
+/// Regression (issue "reliability", Cluster restart): a lock taken 0.2 s after a master came
+/// back stays held for five leases of 1 s. The cluster client used to retry a `CLUSTERDOWN`
+/// answer (the restarted node rejoining) inside one call, sleeping 1.28 s before each retry: the
+/// acquire answered "acquired" seconds after it was sent, with its lease already spent, and a
+/// renewal could hang past the lease the same way. Calls now fail fast (`Backend`), and the
+/// caller retries with a fresh lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_taken_right_after_a_master_restart_stays_held_for_several_leases() {
+    let lease = Duration::from_secs(1);
+    let mut cluster = RedisCluster::start();
+    let (rt, other) = (runtime(&cluster).await, runtime(&cluster).await);
+    let master = cluster.master_for_slot(0).await;
+    // Both runtimes have used the node before it restarts.
+    for (i, key) in cluster
+        .keys_on_master("before", master, 2)
+        .await
+        .iter()
+        .enumerate()
+    {
+        [&rt, &other][i]
+            .lock(key.as_str())
+            .cycled("before the restart")
+            .await;
+    }
+    let key = cluster.keys_on_master("restart", master, 1).await.remove(0);
+    // SIGKILL and an immediate restart: no failover; the node comes back as the master of its
+    // slots, empty, and answers CLUSTERDOWN until it has rejoined (about two seconds).
+    cluster.kill9(master);
+    cluster.restart(master);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let start = Instant::now();
+    let mut refused = 0;
+    let guard = loop {
+        let attempt = Instant::now();
+        match rt.lock(key.as_str()).lease(lease).acquire().await {
+            Ok(guard) => {
+                println!(
+                    "acquired {:?} after the restart ({refused} attempts refused); the last \
+                     attempt took {:?}",
+                    start.elapsed(),
+                    attempt.elapsed()
+                );
+                break guard;
+            }
+            Err(err) => {
+                assert!(err.is_backend(), "unexpected {err:?}");
+                assert!(
+                    start.elapsed() < Duration::from_secs(15),
+                    "node {master} still refuses 15 s after its restart: {err}"
+                );
+                refused += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let every = Duration::from_millis(100);
+    let checks = while_held(&guard, 5 * lease, every, |at| {
+        let (cluster, other, key) = (&cluster, &other, &key);
+        async move {
+            assert_ttl_within_lease(cluster.pttl(&lock_key(key)).await, lease, at);
+            assert_busy(other, key, &format!("{at:?} into the hold")).await;
+        }
+    })
+    .await;
+    assert!(checks >= 10, "only {checks} checks");
+    guard.release().await.expect("release after five leases");
+}
+
+/// A lock held on a master that restarts (empty: no persistence) is reported lost, and the
+/// failed renewals before that are logged as warnings naming the key, not hidden.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_failing_after_a_master_restart_are_warned_and_the_loss_reported() {
+    let logs = captured_logs();
+    let lease = Duration::from_secs(3);
+    let mut cluster = RedisCluster::start();
+    let rt = runtime(&cluster).await;
+    let master = cluster.master_for_slot(0).await;
+    let key = cluster.keys_on_master("warned", master, 1).await.remove(0);
+    let guard = rt.lock(key.as_str()).lease(lease).held("acquire").await;
+    // A renewal confirmed before the fault.
+    tokio::time::sleep(lease / 3 + Duration::from_millis(300)).await;
+    assert!(!guard.is_lost());
+    cluster.kill9(master);
+    cluster.restart(master);
+    let restarted = Instant::now();
+    tokio::time::timeout(lease + Duration::from_secs(5), guard.lost())
+        .await
+        .expect("a lock wiped by the restart must be reported lost");
+    println!("lost {:?} after the restart", restarted.elapsed());
+    let warned = logs.lines_with(&["WARN", "renewal failed", &key]);
+    assert!(
+        !warned.is_empty(),
+        "no warning for the failed renewals of {key:?}; logged:\n{}",
+        logs.lines_with(&[&key]).join("\n")
+    );
+    println!("{}", warned[0]);
 }

@@ -24,6 +24,13 @@ use super::push::push_handler;
 use crate::LockError;
 use crate::backend::{Context, Wakeups};
 
+/// Retries of one call inside the cluster client (redirects, reconnects, a node rejoining).
+const CLIENT_RETRIES: u32 = 4;
+
+/// Bounds of the cluster client's pause before a retry, in milliseconds (it grows from 20 ms
+/// by doubling, jittered, up to the upper bound): at most about a quarter of a second in all.
+const CLIENT_RETRY_WAIT_MS: (u64, u64) = (5, 100);
+
 pub(super) struct ClusterLink {
     client: ClusterClient,
     conn: RwLock<ClusterConnection>,
@@ -82,6 +89,15 @@ impl ClusterLink {
             }
         };
         let client = builder
+            // The client retries a call that met a node in trouble (CLUSTERDOWN, TRYAGAIN,
+            // LOADING, a dropped connection) by itself, sleeping at least 1.28 s before each of
+            // up to 16 retries by default: one call could then answer seconds after it was sent
+            // (an acquire whose lease was already spent, a renewal hanging past the lease, right
+            // after a master restarted). A few short retries follow MOVED/ASK and reconnect;
+            // anything longer is the runtime's to retry, with a fresh lease and its own deadline.
+            .retries(CLIENT_RETRIES)
+            .min_retry_wait(CLIENT_RETRY_WAIT_MS.0)
+            .max_retry_wait(CLIENT_RETRY_WAIT_MS.1)
             .use_protocol(ProtocolVersion::RESP3)
             .push_sender(on_push)
             // Shorter than the outer bound: a seed that does not answer must not fail the
