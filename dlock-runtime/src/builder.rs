@@ -171,11 +171,12 @@ impl RuntimeBuilder {
     /// rest to the engine its scheme names.
     pub(crate) fn url(mut self, url: &str) -> Result<Self, LockError> {
         let mut parsed = EngineUrl::parse(url)?;
+        let shown = parsed.url.clone();
         for (name, value) in parsed.take_options(&RUNTIME_OPTIONS) {
             let duration = || {
                 Setting::Text(value)
                     .duration(name)
-                    .map_err(|e| LockError::config(format!("{e} in `{url}`")))
+                    .map_err(|e| LockError::config(format!("{e} in `{shown}`")))
             };
             match name {
                 "prefix" => self.prefix = value.to_owned(),

@@ -62,6 +62,8 @@ struct Node {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<Node>,
+    /// `requirepass` and `masterauth` of every node.
+    password: Option<String>,
     /// Through the nodes that run and are not paused.
     keys: RedisKeys,
 }
@@ -73,9 +75,23 @@ impl RedisCluster {
     /// Panics (printing every node's log) if that takes longer than 30 s, and with
     /// installation advice when `redis-server` is missing or older than 7.0.
     pub fn start() -> RedisCluster {
+        RedisCluster::launch(None)
+    }
+
+    /// Like [`start`](RedisCluster::start), with a password on every node (`requirepass`, and
+    /// `masterauth` for the replicas): [`url`](RedisCluster::url) is
+    /// `redis+cluster://:<password>@h1,...`, and [`seeds`](RedisCluster::seeds) each carry it.
+    pub fn start_with_password(password: &str) -> RedisCluster {
+        RedisCluster::launch(Some(password.to_owned()))
+    }
+
+    fn launch(password: Option<String>) -> RedisCluster {
         let started = Instant::now();
         let mut cluster = RedisCluster {
-            nodes: (0..2 * MASTERS).map(start_node).collect(),
+            nodes: (0..2 * MASTERS)
+                .map(|i| start_node(i, password.as_deref()))
+                .collect(),
+            password,
             keys: RedisKeys::cluster(Vec::new()),
         };
         cluster.keys = RedisKeys::cluster(cluster.live_seeds());
@@ -223,10 +239,19 @@ impl RedisCluster {
         self.live().map(|i| self.node_url(i)).collect()
     }
 
-    /// `redis+cluster://127.0.0.1:<p1>,...,127.0.0.1:<p6>`.
+    /// `redis+cluster://127.0.0.1:<p1>,...,127.0.0.1:<p6>` (`redis+cluster://:<pw>@…` with a
+    /// password: written once, before the first host).
     pub fn url(&self) -> String {
         let hosts = loopback_hosts(self.nodes.iter().map(|n| n.port));
-        format!("redis+cluster://{hosts}")
+        format!("redis+cluster://{}{hosts}", self.userinfo())
+    }
+
+    /// `:<password>@`, or nothing.
+    fn userinfo(&self) -> String {
+        self.password
+            .as_ref()
+            .map(|pw| format!(":{pw}@"))
+            .unwrap_or_default()
     }
 
     /// The client port of node `i`.
@@ -327,7 +352,11 @@ impl RedisCluster {
     }
 
     fn node_url(&self, i: usize) -> String {
-        format!("redis://127.0.0.1:{}", self.nodes[i].port)
+        format!(
+            "redis://{}127.0.0.1:{}",
+            self.userinfo(),
+            self.nodes[i].port
+        )
     }
 
     /// `CLUSTER NODES` of node `i` over a blocking connection, parsed.
@@ -362,8 +391,9 @@ impl Deref for RedisCluster {
     }
 }
 
-/// Starts node `i`: cluster-enabled, in a fresh temp dir, on free client and bus ports.
-fn start_node(i: usize) -> Node {
+/// Starts node `i`: cluster-enabled, in a fresh temp dir, on free client and bus ports, with
+/// `password` (if any) required of clients and given to its master when it replicates.
+fn start_node(i: usize, password: Option<&str>) -> Node {
     let bin = redis_server_binary();
     let major = bin
         .version
@@ -383,7 +413,7 @@ fn start_node(i: usize) -> Node {
         let (port, bus_port) = (ports[0], ports[1]);
         // A fresh nodes.conf for each try.
         let _ = std::fs::remove_file(dir.path().join("nodes.conf"));
-        let args = [
+        let mut args = [
             "--port",
             &port.to_string(),
             "--cluster-enabled",
@@ -403,13 +433,21 @@ fn start_node(i: usize) -> Node {
             "--repl-diskless-sync-delay",
             "0",
         ]
-        .map(str::to_owned);
+        .map(str::to_owned)
+        .to_vec();
+        let mut probe = format!("redis://127.0.0.1:{port}");
+        if let Some(password) = password {
+            for arg in ["--requirepass", password, "--masterauth", password] {
+                args.push(arg.to_owned());
+            }
+            probe = format!("redis://:{password}@127.0.0.1:{port}");
+        }
         let mut process = server_process(
             &bin,
             dir.path(),
             format!("redis cluster node {i} on port {port}"),
             &args,
-            format!("redis://127.0.0.1:{port}"),
+            probe,
         );
         process.start().map(|()| (process, port, bus_port))
     });

@@ -46,10 +46,21 @@ pub struct RedisServer {
     process: TestProcess,
     keys: RedisKeys,
     port: u16,
-    /// Serves TLS only (`--port 0 --tls-port <port>`), with a self-signed certificate in `dir`.
-    tls: bool,
+    access: Access,
     /// Last: deleted after the process is killed.
     dir: tempfile::TempDir,
+}
+
+/// How clients reach a test server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Access {
+    /// Plaintext on `port`, with `requirepass` when there is a password.
+    Plain { password: Option<String> },
+    /// TLS only (`--port 0 --tls-port <port>`), a certificate signed by a test CA in `dir`.
+    Tls,
+    /// TLS on `port` for clients with a certificate of the test CA (`tls-auth-clients yes`),
+    /// and a plaintext port on loopback for the kit's own probes and raw views.
+    MutualTls { admin_port: u16 },
 }
 
 impl RedisServer {
@@ -57,59 +68,85 @@ impl RedisServer {
     ///
     /// Panics with installation advice when the binary is missing.
     pub fn start() -> RedisServer {
-        RedisServer::launch(temp_dir("dlock-redis-"), false, |port| {
-            vec!["--port".to_owned(), port.to_string()]
-        })
+        RedisServer::launch(
+            temp_dir("dlock-redis-"),
+            "redis-server",
+            1,
+            |ports| vec!["--port".to_owned(), ports[0].to_string()],
+            |_| Access::Plain { password: None },
+        )
     }
 
-    /// Starts a server in `dir` on a free port, with the listening arguments `listen(port)`.
+    /// Like [`start`](RedisServer::start), with `requirepass <password>`: every client must
+    /// authenticate. [`url`](RedisServer::url) carries the password (`redis://:<pw>@…`), and
+    /// so do the kit's own connections.
+    pub fn start_with_password(password: &str) -> RedisServer {
+        RedisServer::launch(
+            temp_dir("dlock-redis-"),
+            "redis-server (password)",
+            1,
+            |ports| {
+                ["--port", &ports[0].to_string(), "--requirepass", password]
+                    .map(str::to_owned)
+                    .to_vec()
+            },
+            |_| Access::Plain {
+                password: Some(password.to_owned()),
+            },
+        )
+    }
+
+    /// Starts a server in `dir` on `ports` free ports, with the listening arguments
+    /// `listen(ports)`; `access(ports)` says how clients reach it.
     fn launch(
         dir: tempfile::TempDir,
-        tls: bool,
-        listen: impl Fn(u16) -> Vec<String>,
+        kind: &str,
+        ports: usize,
+        listen: impl Fn(&[u16]) -> Vec<String>,
+        access: impl Fn(&[u16]) -> Access,
     ) -> RedisServer {
         let bin = redis_server_binary();
-        let kind = if tls {
-            "redis-server (TLS)"
-        } else {
-            "redis-server"
-        };
-        let (process, port) = start_on_free_ports(kind, 1, |ports| {
-            let port = ports[0];
+        let (process, port, access) = start_on_free_ports(kind, ports, |ports| {
+            let (port, access) = (ports[0], access(ports));
             let mut process = server_process(
                 &bin,
                 dir.path(),
                 format!("{kind} on port {port}"),
-                &listen(port),
-                server_url(port, tls),
+                &listen(ports),
+                raw_url(port, &access),
             );
-            process.start().map(|()| (process, port))
+            process.start().map(|()| (process, port, access))
         });
         RedisServer {
             process,
-            keys: RedisKeys::server(server_url(port, tls)),
+            keys: RedisKeys::server(raw_url(port, &access)),
             port,
-            tls,
+            access,
             dir,
         }
     }
 
-    /// Whether this server speaks TLS only.
+    /// Whether this server speaks TLS (only, on [`port`](RedisServer::port)).
     pub fn is_tls(&self) -> bool {
-        self.tls
+        !matches!(self.access, Access::Plain { .. })
     }
 
-    /// The URL for a lock runtime: `redis://127.0.0.1:<port>`, or for a TLS server
-    /// `rediss://127.0.0.1:<port>/?ca=<the test CA>` (verified against the CA that signed it).
+    /// The URL for a lock runtime: `redis://127.0.0.1:<port>` (`redis://:<pw>@…` with a
+    /// password), or for a TLS server `rediss://127.0.0.1:<port>/?ca=<the test CA>` (verified
+    /// against the CA that signed it), plus `&cert=…&key=…` (a client certificate of that CA)
+    /// when the server requires one.
     pub fn url(&self) -> String {
-        if self.tls {
-            format!(
-                "rediss://127.0.0.1:{}/?ca={}",
+        let ca = self.dir.path().join("ca.pem");
+        match &self.access {
+            Access::Plain { .. } => raw_url(self.port, &self.access),
+            Access::Tls => format!("rediss://127.0.0.1:{}/?ca={}", self.port, ca.display()),
+            Access::MutualTls { .. } => format!(
+                "rediss://127.0.0.1:{}/?ca={}&cert={}&key={}",
                 self.port,
-                self.dir.path().join("ca.pem").display()
-            )
-        } else {
-            server_url(self.port, false)
+                ca.display(),
+                self.dir.path().join("client.pem").display(),
+                self.dir.path().join("client-key.pem").display()
+            ),
         }
     }
 
@@ -140,13 +177,13 @@ impl RedisServer {
     /// A raw `redis` client for this server (to inspect keys, or change them behind a holder's
     /// back).
     pub fn client(&self) -> redis::Client {
-        redis::Client::open(server_url(self.port, self.tls))
+        redis::Client::open(raw_url(self.port, &self.access))
             .expect("a redis client for the test server")
     }
 
     /// A raw multiplexed connection with generous timeouts (the test box is noisy).
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
-        connect(&server_url(self.port, self.tls), CONN_TIMEOUT)
+        connect(&raw_url(self.port, &self.access), CONN_TIMEOUT)
             .await
             .unwrap_or_else(|e| panic!("connect to the test redis-server: {e}"))
     }
@@ -225,12 +262,16 @@ pub fn released_channel(key: &str) -> String {
     channel
 }
 
-/// The URL raw test clients use (the redis crate; `#insecure` for a TLS server).
-fn server_url(port: u16, tls: bool) -> String {
-    if tls {
-        format!("rediss://127.0.0.1:{port}/#insecure")
-    } else {
-        format!("redis://127.0.0.1:{port}")
+/// The URL the kit's own clients use (the redis crate): with the password if there is one,
+/// `#insecure` on a TLS port, the plaintext admin port of a mutual-TLS server.
+fn raw_url(port: u16, access: &Access) -> String {
+    match access {
+        Access::Plain { password: None } => format!("redis://127.0.0.1:{port}"),
+        Access::Plain {
+            password: Some(password),
+        } => format!("redis://:{password}@127.0.0.1:{port}"),
+        Access::Tls => format!("rediss://127.0.0.1:{port}/#insecure"),
+        Access::MutualTls { admin_port } => format!("redis://127.0.0.1:{admin_port}"),
     }
 }
 

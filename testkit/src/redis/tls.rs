@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::RedisServer;
+use super::{Access, RedisServer};
 use crate::process::temp_dir;
 
 impl RedisServer {
@@ -19,27 +19,80 @@ impl RedisServer {
     pub fn start_tls() -> RedisServer {
         let dir = temp_dir("dlock-redis-tls-");
         make_certs(dir.path());
-        let cert = dir.path().join("cert.pem").display().to_string();
-        let key = dir.path().join("key.pem").display().to_string();
-        let dir_ca = dir.path().join("ca.pem").display().to_string();
-        RedisServer::launch(dir, true, |port| {
-            [
-                "--port",
-                "0",
-                "--tls-port",
-                &port.to_string(),
-                "--tls-auth-clients",
-                "no",
-                "--tls-cert-file",
-                &cert,
-                "--tls-key-file",
-                &key,
-                "--tls-ca-cert-file",
-                &dir_ca,
-            ]
-            .map(str::to_owned)
-            .to_vec()
-        })
+        let tls_args = tls_args(dir.path(), false);
+        RedisServer::launch(
+            dir,
+            "redis-server (TLS)",
+            1,
+            |ports| {
+                let mut args = ["--port", "0", "--tls-port", &ports[0].to_string()]
+                    .map(str::to_owned)
+                    .to_vec();
+                args.extend(tls_args.iter().cloned());
+                args
+            },
+            |_| Access::Tls,
+        )
+    }
+
+    /// Starts a server whose TLS port (on [`port`](RedisServer::port)) requires a client
+    /// certificate signed by the test CA (`tls-auth-clients yes`: mutual TLS). The kit itself
+    /// probes and inspects it through a second, plaintext port on loopback.
+    ///
+    /// [`url`](RedisServer::url) is `rediss://127.0.0.1:<port>/?ca=…&cert=…&key=…` with a
+    /// client certificate of the test CA; [`url_without_client_cert`] names the CA only, and
+    /// [`url_with_foreign_client_cert`] presents a certificate of another CA.
+    ///
+    /// [`url_without_client_cert`]: RedisServer::url_without_client_cert
+    /// [`url_with_foreign_client_cert`]: RedisServer::url_with_foreign_client_cert
+    pub fn start_mutual_tls() -> RedisServer {
+        let dir = temp_dir("dlock-redis-mtls-");
+        make_certs(dir.path());
+        make_client_cert(dir.path(), "ca", "client");
+        make_foreign_client_cert(dir.path());
+        let tls_args = tls_args(dir.path(), true);
+        RedisServer::launch(
+            dir,
+            "redis-server (mutual TLS)",
+            2,
+            |ports| {
+                let mut args = [
+                    "--tls-port",
+                    &ports[0].to_string(),
+                    "--port",
+                    &ports[1].to_string(),
+                ]
+                .map(str::to_owned)
+                .to_vec();
+                args.extend(tls_args.iter().cloned());
+                args
+            },
+            |ports| Access::MutualTls {
+                admin_port: ports[1],
+            },
+        )
+    }
+
+    /// `rediss://127.0.0.1:<port>/?ca=<the test CA>`: the server is trusted, but no client
+    /// certificate is presented.
+    pub fn url_without_client_cert(&self) -> String {
+        format!(
+            "rediss://127.0.0.1:{}/?ca={}",
+            self.port,
+            self.ca_path().display()
+        )
+    }
+
+    /// Like [`url`](RedisServer::url) but with a client certificate signed by another CA,
+    /// which a mutual-TLS server must refuse.
+    pub fn url_with_foreign_client_cert(&self) -> String {
+        format!(
+            "rediss://127.0.0.1:{}/?ca={}&cert={}&key={}",
+            self.port,
+            self.ca_path().display(),
+            self.dir.path().join("foreign-client.pem").display(),
+            self.dir.path().join("foreign-client-key.pem").display()
+        )
     }
 
     /// `rediss://127.0.0.1:<port>` naming no CA: verification against the public roots, so a
@@ -63,6 +116,22 @@ impl RedisServer {
     pub fn insecure_url(&self) -> String {
         format!("rediss://127.0.0.1:{}/#insecure", self.port)
     }
+}
+
+/// The server's TLS arguments: its certificate and key, the test CA, and whether clients
+/// must present a certificate of that CA.
+fn tls_args(dir: &Path, auth_clients: bool) -> Vec<String> {
+    let file = |name: &str| dir.join(name).display().to_string();
+    vec![
+        "--tls-auth-clients".to_owned(),
+        if auth_clients { "yes" } else { "no" }.to_owned(),
+        "--tls-cert-file".to_owned(),
+        file("cert.pem"),
+        "--tls-key-file".to_owned(),
+        file("key.pem"),
+        "--tls-ca-cert-file".to_owned(),
+        file("ca.pem"),
+    ]
 }
 
 /// Writes a test CA (`ca.pem`, `ca-key.pem`) and a server certificate it signs (`cert.pem`,
@@ -149,4 +218,80 @@ fn openssl(dir: &Path, args: &[&str]) {
              install it with `apt-get install -y openssl`"
         ),
     }
+}
+
+/// Writes `<name>.pem` and `<name>-key.pem` into `dir`: a client certificate (RSA 2048, one
+/// day, extended key usage clientAuth) signed by the CA `<ca>.pem` / `<ca>-key.pem` there.
+fn make_client_cert(dir: &Path, ca: &str, name: &str) {
+    let (key, csr, cert) = (
+        format!("{name}-key.pem"),
+        format!("{name}.csr"),
+        format!("{name}.pem"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            "/CN=dlock test client",
+        ],
+    );
+    let ext = format!("{name}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    )
+    .expect("write the client certificate extensions");
+    let (ca_cert, ca_key) = (format!("{ca}.pem"), format!("{ca}-key.pem"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_cert,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
+        ],
+    );
+}
+
+/// Writes `foreign-client.pem` and `foreign-client-key.pem`: a client certificate signed by
+/// another CA (`foreign-ca.pem`), which the test server does not trust.
+fn make_foreign_client_cert(dir: &Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "foreign-ca-key.pem",
+            "-out",
+            "foreign-ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=another CA",
+        ],
+    );
+    make_client_cert(dir, "foreign-ca", "foreign-client");
 }

@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use redis::ProtocolVersion;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::{ConnectionInfo, ProtocolVersion};
 use tokio::sync::Notify;
 
-use super::config::{redact, take_ca};
+use super::config::{NodeSettings, TlsFiles, redact};
 use super::link::{Link, connect_within};
 use super::names::Names;
 use super::push::push_handler;
@@ -61,33 +61,30 @@ impl ClusterLink {
             ctx.origin.clone(),
             Some(repair.clone()),
         );
-        let mut urls = Vec::with_capacity(seeds.len());
-        let mut ca = None;
-        for seed in seeds {
-            let (url, pem) = take_ca(seed)?;
-            urls.push(url);
-            ca = ca.or(pem);
-        }
         let seeds_text = seeds
             .iter()
             .map(|s| redact(s))
             .collect::<Vec<_>>()
             .join(",");
-        let builder = ClusterClientBuilder::new(urls);
-        let builder = match ca {
-            None => builder,
-            #[cfg(feature = "tls")]
-            Some(root_cert) => builder.certs(redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(root_cert),
-            }),
-            #[cfg(not(feature = "tls"))]
-            Some(_) => {
-                return Err(LockError::config(format!(
-                    "`{seeds_text}`: `ca` needs the `tls` feature of dlock-runtime"
-                )));
+        let mut nodes = Vec::with_capacity(seeds.len());
+        let mut tls = TlsFiles::default();
+        for seed in seeds {
+            let node = NodeSettings::parse(seed)?;
+            if tls.is_empty() {
+                tls = node.tls;
             }
+            nodes.push(node.info);
+        }
+        share_credentials(&mut nodes, &seeds_text)?;
+        let builder = ClusterClientBuilder::new(nodes);
+        #[cfg(feature = "tls")]
+        let builder = if tls.is_empty() {
+            builder
+        } else {
+            builder.certs(tls.certificates())
         };
+        #[cfg(not(feature = "tls"))]
+        let _ = tls; // `NodeSettings::parse` refuses TLS files without the feature.
         let client = builder
             // The client retries a call that met a node in trouble (CLUSTERDOWN, TRYAGAIN,
             // LOADING, a dropped connection) by itself, sleeping at least 1.28 s before each of
@@ -182,4 +179,48 @@ impl ClusterLink {
             }
         }
     }
+}
+
+/// The seeds of one cluster share one user name and password (the client authenticates with
+/// one set on every node it discovers): a seed without any takes those of the others; seeds
+/// that disagree are `InvalidConfig` (naming the seeds, never the passwords).
+fn share_credentials(nodes: &mut [ConnectionInfo], seeds_text: &str) -> Result<(), LockError> {
+    let credentials = |n: &ConnectionInfo| {
+        let s = n.redis_settings();
+        (
+            s.username().map(str::to_owned),
+            s.password().map(str::to_owned),
+        )
+    };
+    let mut shared: Option<(Option<String>, Option<String>)> = None;
+    for node in nodes.iter() {
+        let own = credentials(node);
+        if own == (None, None) {
+            continue;
+        }
+        match &shared {
+            Some(first) if *first != own => {
+                return Err(LockError::config(format!(
+                    "the seeds of one cluster must share one user and password: `{seeds_text}`"
+                )));
+            }
+            _ => shared = Some(own),
+        }
+    }
+    let Some((user, pass)) = shared else {
+        return Ok(());
+    };
+    for node in nodes.iter_mut() {
+        if credentials(node) == (None, None) {
+            let mut settings = node.redis_settings().clone();
+            if let Some(user) = &user {
+                settings = settings.set_username(user);
+            }
+            if let Some(pass) = &pass {
+                settings = settings.set_password(pass);
+            }
+            *node = node.clone().set_redis_settings(settings);
+        }
+    }
+    Ok(())
 }

@@ -1,23 +1,35 @@
 //! Configuration of the Redis engines: `redis://`, `rediss://` (one server) and
-//! `redis+cluster://`, `rediss+cluster://` (a cluster, one URL per seed node). Query options
-//! the redis client reads (`protocol`, `db`, `user`, `pass`) and `ca` (a PEM file of the
-//! certificate authorities to trust for `rediss://`, instead of the webpki roots) are passed
-//! on to every node URL; anything else is a typo, not an option.
+//! `redis+cluster://`, `rediss+cluster://` (a cluster, one URL per seed node).
+//!
+//! Node URLs carry the redis client's `protocol` option and options applied here: `db`,
+//! `user`, `pass` (the redis client reads these three from unix-socket URLs only) and, for
+//! `rediss://`, `ca` (a PEM file of the certificate authorities to trust instead of the webpki
+//! roots) plus `cert` and `key` (PEM files of a client certificate and its key, for servers
+//! that require one: mutual TLS). A `user:password@` written before the first host of a
+//! `redis+cluster://` or `redlock://` URL applies to every host. Anything else is a typo, not an
+//! option.
 //!
 //! TLS always verifies the server's certificate. The redis client's `#insecure` fragment,
 //! which turns verification off, is refused unless the crate is built with the loudly named
 //! feature `tls-insecure-skip-verify`.
+//!
+//! Passwords never leave this module in clear: `Debug` and every message show URLs through
+//! [`redact`].
 
 use std::fmt;
 use std::sync::Arc;
 
+use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
+
 use super::RedisBackend;
 use crate::LockError;
-use crate::backend::url::{EngineUrl, split_pair};
+pub(crate) use crate::backend::url::redact;
+use crate::backend::url::{EngineUrl, redact_pair, split_pair};
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig};
 
-/// The query options of a node URL: the redis client's, and `ca`.
-pub(crate) const CLIENT_OPTIONS: [&str; 5] = ["protocol", "db", "user", "pass", "ca"];
+/// The query options of a node URL: the redis client's, and those applied here.
+pub(crate) const CLIENT_OPTIONS: [&str; 7] =
+    ["protocol", "db", "user", "pass", "ca", "cert", "key"];
 
 /// One server or a cluster.
 #[derive(Clone)]
@@ -54,6 +66,8 @@ impl RedisConfig {
 }
 
 /// One node URL per host: `node_scheme://host`, plus the URL's client options and fragment.
+/// A `user:password@` on the first host (`redis+cluster://user:pw@h1,h2`) is given to every
+/// host that has none of its own.
 pub(crate) fn node_urls(url: &EngineUrl<'_>, node_scheme: &str, hosts: &[&str]) -> Vec<String> {
     let client_options: Vec<&str> = url
         .options
@@ -61,10 +75,21 @@ pub(crate) fn node_urls(url: &EngineUrl<'_>, node_scheme: &str, hosts: &[&str]) 
         .copied()
         .filter(|pair| CLIENT_OPTIONS.contains(&split_pair(pair).0))
         .collect();
+    let shared_userinfo = hosts
+        .first()
+        .and_then(|h| h.rsplit_once('@'))
+        .map(|(u, _)| u);
     hosts
         .iter()
         .map(|host| {
-            let mut node = format!("{node_scheme}://{host}");
+            let mut node = format!("{node_scheme}://");
+            if let Some(userinfo) = shared_userinfo
+                && !host.contains('@')
+            {
+                node.push_str(userinfo);
+                node.push('@');
+            }
+            node.push_str(host);
             if !client_options.is_empty() {
                 node.push('?');
                 node.push_str(&client_options.join("&"));
@@ -95,59 +120,198 @@ pub(crate) fn check_tls(url: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-/// Takes the `ca=<path>` option out of a node URL: the URL for the redis client, and the PEM
-/// certificates to trust (read now).
-pub(crate) fn take_ca(url: &str) -> Result<(String, Option<Vec<u8>>), LockError> {
-    let (head, fragment) = match url.split_once('#') {
-        Some((head, fragment)) => (head, Some(fragment)),
-        None => (url, None),
-    };
-    let Some((base, query)) = head.split_once('?') else {
-        return Ok((url.to_owned(), None));
-    };
-    let mut ca = None;
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.strip_prefix("ca=") {
-            Some(path) => {
-                ca = Some(path);
-                false
-            }
-            None => true,
-        })
-        .collect();
-    let mut out = base.to_owned();
-    if !rest.is_empty() {
-        out.push('?');
-        out.push_str(&rest.join("&"));
-    }
-    if let Some(fragment) = fragment {
-        out.push('#');
-        out.push_str(fragment);
-    }
-    let pem = match ca {
-        Some(path) => Some(std::fs::read(path).map_err(|e| {
-            LockError::config(format!("cannot read the CA certificates `{path}`: {e}"))
-        })?),
-        None => None,
-    };
-    Ok((out, pem))
+/// The PEM files a `rediss://` node URL names, read.
+#[derive(Default, Clone, PartialEq, Eq)]
+pub(crate) struct TlsFiles {
+    /// Certificate authorities to trust (`ca`), instead of the webpki roots.
+    pub(crate) ca: Option<Vec<u8>>,
+    /// Client certificate and its private key (`cert`, `key`), for mutual TLS.
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
-/// `url` with any password replaced by `***`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+impl fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsFiles")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
     }
+}
+
+impl TlsFiles {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.client.is_none()
+    }
+
+    /// The redis client's form.
+    #[cfg(feature = "tls")]
+    pub(crate) fn certificates(self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self
+                .client
+                .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }),
+            root_cert: self.ca,
+        }
+    }
+}
+
+/// One node's settings, from its URL: where and how to connect (RESP3, credentials, db) and
+/// the TLS files to use.
+pub(crate) struct NodeSettings {
+    pub(crate) info: ConnectionInfo,
+    pub(crate) tls: TlsFiles,
+    /// The URL with its secrets redacted, for messages.
+    pub(crate) shown: String,
+}
+
+impl NodeSettings {
+    /// Reads a node URL: `db`, `user`, `pass` are applied to the connection settings and
+    /// `ca`, `cert`, `key` files are read (now, so that a missing file is `InvalidConfig` at
+    /// build time); `protocol` goes to the redis client; any other option is `InvalidConfig`.
+    pub(crate) fn parse(url: &str) -> Result<Self, LockError> {
+        let shown = redact(url);
+        let (head, fragment) = match url.split_once('#') {
+            Some((head, fragment)) => (head, Some(fragment)),
+            None => (url, None),
+        };
+        let (base, query) = head.split_once('?').unwrap_or((head, ""));
+        let mut client_url = base.to_owned();
+        let mut kept = Vec::new();
+        let (mut user, mut pass, mut db) = (None, None, None);
+        let (mut ca, mut cert, mut key) = (None, None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = split_pair(pair);
+            let value = || percent_decode(value);
+            match name {
+                "user" => user = Some(value()),
+                "pass" => pass = Some(value()),
+                "db" => {
+                    db = Some(value().parse::<i64>().map_err(|_| {
+                        LockError::config(format!("`db` must be a database number in `{shown}`"))
+                    })?);
+                }
+                "ca" => ca = Some(value()),
+                "cert" => cert = Some(value()),
+                "key" => key = Some(value()),
+                "protocol" => kept.push(pair),
+                _ => {
+                    return Err(LockError::config(format!(
+                        "unknown option `{}` in `{shown}`; a node URL takes {}",
+                        redact_pair(pair),
+                        CLIENT_OPTIONS.join(", ")
+                    )));
+                }
+            }
+        }
+        if !kept.is_empty() {
+            client_url.push('?');
+            client_url.push_str(&kept.join("&"));
+        }
+        if let Some(fragment) = fragment {
+            client_url.push('#');
+            client_url.push_str(fragment);
+        }
+        let info = client_url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| LockError::config(format!("bad redis url `{shown}`: {e}")))?;
+        let mut settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        if let Some(user) = user {
+            settings = settings.set_username(user);
+        }
+        if let Some(pass) = pass {
+            settings = settings.set_password(pass);
+        }
+        if let Some(db) = db {
+            settings = settings.set_db(db);
+        }
+        let info = info.set_redis_settings(settings);
+        let tls = TlsFiles {
+            ca: ca
+                .map(|path| read_pem(&path, "CA certificates"))
+                .transpose()?,
+            client: match (cert, key) {
+                (None, None) => None,
+                (Some(cert), Some(key)) => Some((
+                    read_pem(&cert, "client certificate")?,
+                    read_pem(&key, "client key")?,
+                )),
+                _ => {
+                    return Err(LockError::config(format!(
+                        "`cert` and `key` go together (a client certificate and its private key) in `{shown}`"
+                    )));
+                }
+            },
+        };
+        if !tls.is_empty() {
+            if !base.starts_with("rediss://") {
+                return Err(LockError::config(format!(
+                    "`ca`, `cert` and `key` are TLS options: use a rediss:// URL in `{shown}`"
+                )));
+            }
+            if !cfg!(feature = "tls") {
+                return Err(LockError::config(format!(
+                    "`{shown}`: `ca`, `cert` and `key` need the `tls` feature of dlock-runtime"
+                )));
+            }
+        }
+        Ok(Self { info, tls, shown })
+    }
+
+    /// A client for this one node.
+    pub(crate) fn client(self) -> Result<redis::Client, LockError> {
+        let bad = |e: redis::RedisError| {
+            LockError::config(format!("bad redis url `{}`: {e}", self.shown))
+        };
+        if self.tls.is_empty() {
+            return redis::Client::open(self.info.clone()).map_err(bad);
+        }
+        #[cfg(feature = "tls")]
+        {
+            redis::Client::build_with_tls(self.info.clone(), self.tls.clone().certificates())
+                .map_err(bad)
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            // `parse` refused TLS files without the feature.
+            redis::Client::open(self.info.clone()).map_err(bad)
+        }
+    }
+}
+
+/// Reads a PEM file named by a URL option.
+fn read_pem(path: &str, what: &str) -> Result<Vec<u8>, LockError> {
+    std::fs::read(path)
+        .map_err(|e| LockError::config(format!("cannot read the {what} `{path}`: {e}")))
+}
+
+/// `%XX` sequences decoded (a password with `&`, `=` or `#` in a query option must be written
+/// so); anything else as written.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                let (h, l) = (hex(h).unwrap_or(0), hex(l).unwrap_or(0));
+                out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl EngineConfig for RedisConfig {
@@ -191,28 +355,63 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact("redis://:s3cret@h:1/0"), "redis://:***@h:1/0");
-        assert_eq!(
-            redact("rediss://app:s3cret@h:1?db=2"),
-            "rediss://app:***@h:1?db=2"
-        );
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    fn node_options_are_applied_and_taken_out_of_the_url() {
+        let node = NodeSettings::parse("redis://h:1/0?db=2&user=app&pass=s%26cret&protocol=resp2")
+            .expect("valid");
+        let settings = node.info.redis_settings();
+        assert_eq!(settings.db(), 2);
+        assert_eq!(settings.username(), Some("app"));
+        assert_eq!(settings.password(), Some("s&cret"));
+        assert_eq!(settings.protocol(), ProtocolVersion::RESP3);
+        assert!(node.tls.is_empty());
+        assert!(!node.shown.contains("cret"), "{}", node.shown);
+        let node = NodeSettings::parse("redis://:pw@h:1").expect("valid");
+        assert_eq!(node.info.redis_settings().password(), Some("pw"));
     }
 
     #[test]
-    fn ca_is_taken_out_of_the_url() {
-        let (url, pem) = take_ca("rediss://h:1/0?db=2").expect("no ca");
-        assert_eq!((url.as_str(), pem), ("rediss://h:1/0?db=2", None));
-        let err = take_ca("rediss://h:1/?ca=/nonexistent/ca.pem&db=2#x").expect_err("missing file");
+    fn unknown_node_options_are_refused_without_showing_secrets() {
+        let err = NodeSettings::parse("redis://:s3cret@h:1?dbb=2")
+            .err()
+            .expect("a typo");
+        let message = err.to_string();
+        assert!(
+            message.contains("`dbb=2`") && !message.contains("s3cret"),
+            "{message}"
+        );
+        let err = NodeSettings::parse("redis://h:1?password=s3cret")
+            .err()
+            .expect("not ours");
+        let message = err.to_string();
+        assert!(message.contains("`password=***`"), "{message}");
+    }
+
+    #[test]
+    fn tls_files_are_read_and_checked() {
+        let err = NodeSettings::parse("rediss://h:1/?ca=/nonexistent/ca.pem&db=2#x")
+            .err()
+            .expect("missing file");
         assert!(err.is_invalid_config(), "{err}");
         let path = std::env::temp_dir().join(format!("dlock-ca-{}.pem", std::process::id()));
         std::fs::write(&path, b"pem").expect("write a file");
-        let (url, pem) =
-            take_ca(&format!("rediss://h:1/?ca={}&db=2#x", path.display())).expect("ca");
+        let p = path.display();
+        let node = NodeSettings::parse(&format!("rediss://h:1/?ca={p}&cert={p}&key={p}&db=2"));
+        let only_cert = NodeSettings::parse(&format!("rediss://h:1/?cert={p}"));
+        let plain = NodeSettings::parse(&format!("redis://h:1/?ca={p}"));
         std::fs::remove_file(&path).ok();
-        assert_eq!(url, "rediss://h:1/?db=2#x");
-        assert_eq!(pem.as_deref(), Some(&b"pem"[..]));
+        match node {
+            Ok(node) => {
+                assert!(cfg!(feature = "tls"));
+                assert_eq!(node.tls.ca.as_deref(), Some(&b"pem"[..]));
+                assert_eq!(node.tls.client, Some((b"pem".to_vec(), b"pem".to_vec())));
+                assert_eq!(node.info.redis_settings().db(), 2);
+            }
+            Err(err) => assert!(!cfg!(feature = "tls") && err.is_invalid_config(), "{err}"),
+        }
+        let err = only_cert.err().expect("cert without key");
+        assert!(err.to_string().contains("`cert` and `key`"), "{err}");
+        let err = plain.err().expect("TLS files on a plaintext URL");
+        assert!(err.to_string().contains("rediss://"), "{err}");
     }
 
     #[test]
@@ -236,5 +435,22 @@ mod tests {
         let err = RedisConfig::from_url(&url).expect_err("typo");
         assert!(err.is_invalid_config());
         assert!(err.to_string().contains("`dbb=2`"), "{err}");
+    }
+
+    #[test]
+    fn a_password_before_the_first_host_applies_to_every_host() {
+        let url = EngineUrl::parse("redis+cluster://app:pw@a:1,b:2,u:own@c:3").expect("url");
+        let hosts = url.hosts("h1,h2").expect("hosts");
+        assert_eq!(
+            node_urls(&url, "redis", &hosts),
+            vec![
+                "redis://app:pw@a:1",
+                "redis://app:pw@b:2",
+                "redis://u:own@c:3"
+            ]
+        );
+        let config = RedisConfig::from_url(&url).expect("config");
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("pw") && !shown.contains("own"), "{shown}");
     }
 }

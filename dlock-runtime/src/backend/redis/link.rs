@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{IntoConnectionInfo, ProtocolVersion, RedisError, Value};
+use redis::{RedisError, Value};
 
 use super::RedisBackend;
 use super::cluster::ClusterLink;
-use super::config::{redact, take_ca};
+use super::config::{NodeSettings, redact};
 use super::names::Names;
 use super::push::push_handler;
 use crate::LockError;
@@ -112,34 +112,7 @@ fn open(
     names: &Names,
     ctx: &Context,
 ) -> Result<(redis::Client, ConnectionManagerConfig), LockError> {
-    let (url, ca) = take_ca(url)?;
-    let bad_url =
-        |e: RedisError| LockError::config(format!("bad redis url `{}`: {e}", redact(&url)));
-    let info = url.as_str().into_connection_info().map_err(bad_url)?;
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    let info = info.set_redis_settings(settings);
-    let client = match ca {
-        None => redis::Client::open(info).map_err(bad_url)?,
-        #[cfg(feature = "tls")]
-        Some(root_cert) => redis::Client::build_with_tls(
-            info,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(root_cert),
-            },
-        )
-        .map_err(bad_url)?,
-        #[cfg(not(feature = "tls"))]
-        Some(_) => {
-            return Err(LockError::config(format!(
-                "`{}`: `ca` needs the `tls` feature of dlock-runtime",
-                redact(&url)
-            )));
-        }
-    };
+    let client = NodeSettings::parse(url)?.client()?;
     let on_push = push_handler(ctx.wakeups.clone(), names.clone(), ctx.origin.clone(), None);
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(ctx.timeout))

@@ -21,7 +21,7 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 const DEFAULT_MIN_VALIDITY: f64 = 0.5;
 
 /// The engine's own options (beside the redis client's).
-const OPTIONS: [&str; 7] = [
+const OPTIONS: [&str; 9] = [
     "node_timeout",
     "min_validity",
     "protocol",
@@ -29,6 +29,8 @@ const OPTIONS: [&str; 7] = [
     "user",
     "pass",
     "ca",
+    "cert",
+    "key",
 ];
 
 #[derive(Clone)]

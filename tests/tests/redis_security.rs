@@ -1,0 +1,233 @@
+//! Security on the Redis engines, against real servers: passwords (in the URL's userinfo or
+//! the `pass` option) authenticate on one server, on every seed of a password-protected Redis
+//! Cluster configured by URL alone, and on every Redlock node; and they never appear in an
+//! error's message, `Debug` or `source()` chain, in `Debug` of a builder or runtime, or in the
+//! logs. A least-privilege ACL user (the commands and key/channel patterns the README lists)
+//! can lock, renew, release and wait; a user missing one permission gets a `Backend` error
+//! naming it.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use dlock_runtime::LockError;
+use dlock_tests::cluster::RedisCluster;
+use dlock_tests::{AcquireExt, RedisServer, Runtime, captured_logs, while_held};
+
+/// The password of the test servers; must never be printed.
+const PASSWORD: &str = "s3cret-pw-0451";
+/// A wrong password a test tries; must never be printed either.
+const WRONG: &str = "wr0ng-pw-7731";
+
+/// Asserts neither secret appears in `err`: its message, its `Debug`, or any error of its
+/// `source()` chain (message and `Debug`).
+#[track_caller]
+fn assert_no_secret_in_error(err: &LockError, what: &str) {
+    let mut shown = vec![err.to_string(), format!("{err:?}")];
+    let mut source = err.source();
+    while let Some(s) = source {
+        shown.push(s.to_string());
+        shown.push(format!("{s:?}"));
+        source = s.source();
+    }
+    for text in shown {
+        assert_no_secret(&text, what);
+    }
+}
+
+#[track_caller]
+fn assert_no_secret(text: &str, what: &str) {
+    for secret in [PASSWORD, WRONG] {
+        assert!(
+            !text.contains(secret),
+            "{what}: a password is shown in {text:?}"
+        );
+    }
+}
+
+/// Builds a runtime on `url` with a 2 s timeout and returns the error it must fail with.
+async fn build_error(url: &str, what: &str) -> LockError {
+    let built = tokio::time::timeout(
+        Duration::from_secs(20),
+        Runtime::builder()
+            .redis(url)
+            .timeout(Duration::from_secs(2))
+            .build(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{what}: building hung"));
+    let err = built.map(|_| ()).expect_err(what);
+    assert_no_secret_in_error(&err, what);
+    err
+}
+
+/// Regression (issue "reliability", secrets): the password of a `redis://` URL, in the
+/// userinfo or as `?pass=`, authenticates; a wrong one is a `Backend` error; and neither shows
+/// in errors (`InvalidConfig` built from the URL, `Backend` and its sources), in `Debug`, or in
+/// the logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_a_url_authenticates_and_is_never_shown() {
+    let logs = captured_logs();
+    let server = RedisServer::start_with_password(PASSWORD);
+    let port = server.port();
+    let userinfo_url = server.url();
+    assert!(userinfo_url.contains(PASSWORD), "{userinfo_url}");
+    let query_url = format!("redis://127.0.0.1:{port}?pass={PASSWORD}");
+    for url in [&userinfo_url, &query_url] {
+        let rt = Runtime::from_url(url)
+            .await
+            .unwrap_or_else(|e| panic!("a runtime on the password-protected server: {e}"));
+        let guard = rt
+            .lock("secret:cycle")
+            .lease(Duration::from_secs(1))
+            .held("acquire with the password")
+            .await;
+        // A few renewals go out with the same connection.
+        while_held(
+            &guard,
+            Duration::from_millis(1500),
+            Duration::from_millis(100),
+            |_| async {},
+        )
+        .await;
+        guard.release().await.expect("release");
+        assert_no_secret(&format!("{rt:?}"), "Debug of a runtime");
+        let builder = Runtime::builder().redis(url.as_str());
+        assert_no_secret(&format!("{builder:?}"), "Debug of a builder");
+        let builder = Runtime::builder().redis_cluster([url.as_str()]);
+        assert_no_secret(&format!("{builder:?}"), "Debug of a cluster builder");
+        let builder = Runtime::builder().redlock([url.as_str(), url.as_str(), url.as_str()]);
+        assert_no_secret(&format!("{builder:?}"), "Debug of a redlock builder");
+    }
+
+    // Wrong passwords, and a server that is not there: Backend, nothing shown.
+    for url in [
+        format!("redis://:{WRONG}@127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}?pass={WRONG}"),
+        format!("redis://app:{PASSWORD}@127.0.0.1:1"),
+    ] {
+        let err = build_error(&url, "a wrong password or no server").await;
+        assert!(err.is_backend(), "{err:?}");
+    }
+
+    // Configuration errors about a URL that carries a password: InvalidConfig, nothing shown.
+    for url in [
+        format!("{userinfo_url}?dbb=1"),
+        format!("{userinfo_url}?lease=forever"),
+        format!("{query_url}&dbb=1"),
+        format!("{query_url}&db=first"),
+        format!("{userinfo_url}?ca=/nonexistent/ca.pem"),
+        format!("rediss://:{PASSWORD}@127.0.0.1:{port}/#insecure"),
+        format!("redis+cluster://:{PASSWORD}@127.0.0.1:{port},?x=1"),
+        format!("redlock://:{PASSWORD}@127.0.0.1:{port}?node_timeout=never"),
+        format!("zk://u:{PASSWORD}@127.0.0.1:{port}?pass={PASSWORD}"),
+        format!(":{PASSWORD}@127.0.0.1:{port}"),
+    ] {
+        let err = Runtime::from_url(&url)
+            .await
+            .map(|_| ())
+            .expect_err("a bad URL");
+        assert!(err.is_invalid_config(), "{url}: {err:?}");
+        assert_no_secret_in_error(&err, &format!("from_url of a bad URL ({err})"));
+    }
+    let err = build_error(&format!("{userinfo_url}?dbb=1"), "builder with a typo").await;
+    assert!(err.is_invalid_config(), "{err:?}");
+
+    let logged = logs.text();
+    assert!(!logged.is_empty(), "nothing was captured");
+    assert_no_secret(&logged, "the logs");
+}
+
+/// Regression (issue "reliability", secrets): `redis+cluster://:<pw>@h1,h2,...` gave the
+/// password to the first host only, and the cluster client refused the seeds ("Cannot use
+/// different password among initial nodes"). Now a password-protected cluster (`requirepass`,
+/// `masterauth`) is configured by its URL alone, and so by seeds of which only one carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_protected_cluster_is_configured_by_url_alone() {
+    let cluster = RedisCluster::start_with_password(PASSWORD);
+    let url = cluster.url();
+    assert!(
+        url.starts_with(&format!("redis+cluster://:{PASSWORD}@")),
+        "{url}"
+    );
+    let rt = Runtime::from_url(&url)
+        .await
+        .unwrap_or_else(|e| panic!("a runtime on the cluster URL: {e}"));
+    let mut seeds = cluster.seeds();
+    for seed in seeds.iter_mut().skip(1) {
+        *seed = seed.replace(&format!(":{PASSWORD}@"), "");
+    }
+    let other = Runtime::builder()
+        .redis_cluster(seeds)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("a runtime on seeds of which the first has the password: {e}"));
+    let lease = Duration::from_secs(1);
+    for (key, master) in cluster.one_key_per_master("secure").await {
+        let guard = rt.lock(key.as_str()).lease(lease).held("acquire").await;
+        while_held(
+            &guard,
+            Duration::from_millis(1500),
+            Duration::from_millis(250),
+            |at| {
+                let (other, key) = (&other, key.clone());
+                async move {
+                    other
+                        .lock(key.as_str())
+                        .times_out(&format!("held on node {master}, {at:?} in"))
+                        .await;
+                }
+            },
+        )
+        .await;
+        guard.release().await.expect("release");
+        other
+            .lock(key.as_str())
+            .cycled("free after the release")
+            .await;
+    }
+    let wrong = cluster.seeds()[0].replace(PASSWORD, WRONG);
+    let err = tokio::time::timeout(
+        Duration::from_secs(20),
+        Runtime::builder()
+            .redis_cluster([wrong])
+            .timeout(Duration::from_secs(2))
+            .build(),
+    )
+    .await
+    .expect("building with a wrong password hung")
+    .map(|_| ())
+    .expect_err("a wrong password");
+    assert!(err.is_backend(), "{err:?}");
+    assert_no_secret_in_error(&err, "a cluster with a wrong password");
+}
+
+/// The userinfo before the first host of a `redlock://` URL authenticates on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_a_redlock_url_applies_to_every_node() {
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with_password(PASSWORD))
+        .collect();
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let url = format!(
+        "redlock://:{PASSWORD}@{}?node_timeout=500ms",
+        hosts.join(",")
+    );
+    let rt = Runtime::from_url(&url).await.expect("a redlock runtime");
+    let guard = rt
+        .lock("secure:redlock")
+        .held("acquire on a majority")
+        .await;
+    for server in &servers {
+        assert!(
+            server
+                .exists(&dlock_tests::lock_key("secure:redlock"))
+                .await,
+            "node {} did not grant the lock",
+            server.port()
+        );
+    }
+    guard.release().await.expect("release");
+}
