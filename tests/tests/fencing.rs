@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::{Runtime, fence_key, redis_with_runtime};
+use dlock_tests::{AcquireExt, Runtime, fence_key, redis_with_runtime};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -76,4 +76,55 @@ async fn fence_after_counter_key_loss_exceeds_all_earlier() {
         "the fence counter exists"
     );
     assert_next_fence_exceeds(&rt, key, &earlier, "losing the counter").await;
+}
+
+/// Regression (issue "reliability", fence counter TTL): the counter got its TTL once, when it
+/// was created, and expired even while its key stayed busy; the next token was then floored at
+/// the server clock, which is lower than earlier tokens once the clock has been stepped back.
+/// Now every acquisition and renewal keeps the counter alive beyond the lock. Simulated here:
+/// tokens handed out while the clock read a day ahead (the counter above the clock now), and a
+/// counter whose TTL runs out while a holder renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_counter_outlives_a_busy_key_so_tokens_never_go_down() {
+    let (server, rt) = redis_with_runtime().await;
+    let key = "fencing:busy";
+    let time: Vec<u64> = server.query(&redis::cmd("TIME")).await;
+    let ahead = time[0] * 1_000_000 + time[1] + 86_400_000_000;
+    let () = server
+        .query(
+            redis::cmd("SET")
+                .arg(fence_key(key))
+                .arg(ahead)
+                .arg("PX")
+                .arg(600_000),
+        )
+        .await;
+    let lease = Duration::from_secs(1);
+    let guard = rt.lock(key).lease(lease).held("acquire").await;
+    let held = guard.fence().expect("fence");
+    assert_eq!(
+        held,
+        ahead + 1,
+        "a counter above the clock is never lowered"
+    );
+    // The counter's TTL runs out 0.5 s from now, while the key stays busy for 2.5 s.
+    let set: i64 = server
+        .query(redis::cmd("PEXPIRE").arg(fence_key(key)).arg(500))
+        .await;
+    assert_eq!(set, 1);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!guard.is_lost(), "renewed all along");
+    let ttl = server.pttl(&fence_key(key)).await;
+    assert!(
+        u128::try_from(ttl).is_ok_and(|ms| ms > lease.as_millis()),
+        "the renewals keep the counter alive beyond the lock: PTTL {ttl} ms"
+    );
+    guard.release().await.expect("release");
+    assert_next_fence_exceeds(
+        &rt,
+        key,
+        &[held],
+        "a busy key whose counter was due to expire",
+    )
+    .await;
 }

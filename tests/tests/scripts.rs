@@ -84,9 +84,12 @@ async fn other_owner_is_busy_with_remaining_ttl_and_cannot_release_or_renew() {
     assert_eq!(release(&mut conn, "busy", B).await, 0, "not the owner");
     let renewed: Vec<i64> = Script::new(RENEW)
         .key(lock_key("busy"))
+        .key(fence_key("busy"))
+        .key(lock_key("busy"))
+        .key(fence_key("busy"))
+        .arg(600_000)
         .arg(B)
         .arg(30_000)
-        .key(lock_key("busy"))
         .arg(A)
         .arg(60_000)
         .invoke_async(&mut conn)
@@ -125,6 +128,50 @@ async fn fence_counter_is_floored_at_server_time_when_missing() {
     );
     let ttl = server.pttl(&fence_key("floor")).await;
     assert!(ttl > 600_000, "the counter carries a TTL ({ttl} ms)");
+}
+
+/// The counter only grows while it exists, whatever the clock says: one above the server clock
+/// (tokens handed out before the clock was stepped back) is bumped, not lowered; and each
+/// acquisition and renewal pushes its expiry beyond the lock's (lease plus the margin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_counter_above_the_clock_is_never_lowered_and_outlives_the_lock() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let time: Vec<u64> = server.query(&redis::cmd("TIME")).await;
+    let ahead = time[0] * 1_000_000 + time[1] + 86_400_000_000;
+    let () = server
+        .query(
+            redis::cmd("SET")
+                .arg(fence_key("up"))
+                .arg(ahead)
+                .arg("PX")
+                .arg(50),
+        )
+        .await;
+    let fence = acquire(&mut conn, "up", A, 30_000).await as u64;
+    assert_eq!(fence, ahead + 1, "bumped, not floored at the clock");
+    assert!(server.pttl(&fence_key("up")).await > 600_000);
+    let () = server
+        .query(redis::cmd("PEXPIRE").arg(fence_key("up")).arg(50))
+        .await;
+    let renewed: Vec<i64> = Script::new(RENEW)
+        .key(lock_key("up"))
+        .key(fence_key("up"))
+        .arg(600_000)
+        .arg(A)
+        .arg(30_000)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(renewed, vec![1]);
+    let ttl = server.pttl(&fence_key("up")).await;
+    assert!(
+        ttl > 600_000,
+        "the renewal pushed the counter's expiry: {ttl} ms"
+    );
+    assert_eq!(release(&mut conn, "up", A).await, 1);
+    let next = acquire(&mut conn, "up", B, 30_000).await as u64;
+    assert_eq!(next, ahead + 2, "still above the clock");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

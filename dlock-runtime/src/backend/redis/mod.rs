@@ -30,9 +30,9 @@ use self::script::{Scripts, decode_acquire, millis_ceil};
 use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
 use crate::LockError;
 
-/// How long the fence counter outlives the lock. After that the next token is floored at the
-/// server clock in microseconds, which is above every earlier token unless the server's clock
-/// was stepped back by more than this.
+/// How long the fence counter outlives the last lock on its key (every acquisition and renewal
+/// pushes its expiry to this after the lease). Once it has expired, the next token starts at
+/// the server clock in microseconds (see `lua/acquire.lua` for the bound that gives).
 const FENCE_TTL: Duration = Duration::from_secs(600);
 
 /// Message published by a force-unlock (never equal to a runtime id).
@@ -104,10 +104,12 @@ impl Backend for RedisBackend {
         let key = (batch.len() == 1).then(|| batch[0].key.as_str());
         let reply: Vec<i64> = self
             .run_script(&self.scripts.renew, key, "renewal failed", |cmd| {
-                cmd.arg(batch.len());
+                cmd.arg(2 * batch.len());
                 for item in batch {
-                    cmd.arg(self.names.lock(&item.key));
+                    cmd.arg(self.names.lock(&item.key))
+                        .arg(self.names.fence(&item.key));
                 }
+                cmd.arg(millis_ceil(FENCE_TTL));
                 for item in batch {
                     cmd.arg(&item.owner).arg(millis_ceil(item.lease));
                 }

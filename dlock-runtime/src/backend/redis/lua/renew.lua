@@ -1,16 +1,23 @@
--- Renew a batch of leases, each only for its owner.
+-- Renew a batch of leases, each only for its owner, and keep each key's fence counter alive
+-- beyond its lock (see acquire.lua: the counter must outlive every lock on the key).
 --
--- KEYS[i]      lock hash of the i-th lock
--- ARGV[2i-1]   owner token of the i-th lock
--- ARGV[2i]     lease in milliseconds of the i-th lock
+-- KEYS[2i-1]   lock hash of the i-th lock
+-- KEYS[2i]     fence counter of the i-th lock
+-- ARGV[1]      margin in milliseconds the fence counter outlives the lease by
+-- ARGV[2i]     owner token of the i-th lock
+-- ARGV[2i+1]   lease in milliseconds of the i-th lock
 --
--- Returns a table with one entry per key: 1 renewed, 0 no longer held by that owner. A key
+-- Returns a table with one entry per lock: 1 renewed, 0 no longer held by that owner. A key
 -- that holds another type (another application wrote there) answers 0 for that key alone:
 -- `pcall` keeps its WRONGTYPE error from failing the whole batch.
 local result = {}
-for i = 1, #KEYS do
-  if redis.pcall('HGET', KEYS[i], 'owner') == ARGV[2 * i - 1] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+local margin = tonumber(ARGV[1])
+for i = 1, #KEYS / 2 do
+  local lock, counter = KEYS[2 * i - 1], KEYS[2 * i]
+  if redis.pcall('HGET', lock, 'owner') == ARGV[2 * i] then
+    local lease = tonumber(ARGV[2 * i + 1])
+    redis.call('PEXPIRE', lock, lease)
+    redis.call('PEXPIRE', counter, lease + margin)
     result[i] = 1
   else
     result[i] = 0
