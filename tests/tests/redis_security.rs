@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use dlock_runtime::LockError;
 use dlock_tests::cluster::RedisCluster;
-use dlock_tests::{AcquireExt, RedisServer, Runtime, captured_logs, while_held};
+use dlock_tests::{
+    AcquireExt, RedisServer, Runtime, captured_logs, hand_off, lock_key, while_held,
+};
 
 /// The password of the test servers; must never be printed.
 const PASSWORD: &str = "s3cret-pw-0451";
@@ -230,4 +232,185 @@ async fn a_password_in_a_redlock_url_applies_to_every_node() {
         );
     }
     guard.release().await.expect("release");
+}
+
+/// The ACL rule of the README's Security section, for user `name` with password `pw`.
+fn documented_acl(name: &str, pw: &str) -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let rule = readme
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER dlock "))
+        .expect("the README gives the ACL rule on one line starting `ACL SETUSER dlock `");
+    rule.split_whitespace()
+        .skip(2)
+        .map(|word| match word {
+            "dlock" => name.to_owned(),
+            w if w.starts_with('>') => format!(">{pw}"),
+            w => w.to_owned(),
+        })
+        .collect()
+}
+
+/// `ACL SETUSER` with `rule` (as the words after `ACL SETUSER`).
+fn setuser(rule: &[String]) -> redis::Cmd {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER");
+    for word in rule {
+        cmd.arg(word);
+    }
+    cmd
+}
+
+/// The documented rule without the grants in `drop`.
+fn without(rule: &[String], drop: &[&str]) -> Vec<String> {
+    rule.iter()
+        .filter(|w| !drop.contains(&w.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// Lock, renew (a 1 s lease held for 2.5 s), wait (a waiter on another runtime woken by the
+/// release notification, not by polling), `is_locked` and `force_unlock`, all as the runtimes'
+/// user.
+async fn lock_renew_release_and_wait(rt: &Runtime, other: &Runtime, key: &str) {
+    let lease = Duration::from_secs(1);
+    let guard = rt
+        .lock(key)
+        .lease(lease)
+        .held("acquire as the ACL user")
+        .await;
+    assert!(
+        other
+            .is_locked(key)
+            .await
+            .expect("is_locked as the ACL user")
+    );
+    let waiter = other
+        .lock(key)
+        .lease(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .spawn();
+    while_held(
+        &guard,
+        Duration::from_millis(2500),
+        Duration::from_millis(100),
+        |_| async {},
+    )
+    .await;
+    assert!(!waiter.is_finished(), "the waiter got a held key");
+    let next = hand_off(guard, waiter, Duration::from_millis(500), key).await;
+    assert!(next.fence().is_some());
+    drop(next);
+    // Released from Drop; then the operator's tool.
+    let relocked = rt
+        .lock(key)
+        .wait(Duration::from_secs(5))
+        .held("again")
+        .await;
+    assert!(
+        rt.force_unlock(key)
+            .await
+            .expect("force_unlock as the ACL user")
+    );
+    let _ = relocked.release().await;
+}
+
+/// The least-privilege ACL of the README (commands, `~dlock:*`, `&dlock:*`) is enough for
+/// everything a lock does on one server: acquire, renew, release, wait by notification,
+/// `is_locked`, `force_unlock`; and the server refused nothing meanwhile (`ACL LOG` empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_acl_user_locks_renews_releases_and_waits() {
+    let server = RedisServer::start();
+    let () = server
+        .query(&setuser(&documented_acl("locker", PASSWORD)))
+        .await;
+    let url = format!("redis://locker:{PASSWORD}@127.0.0.1:{}", server.port());
+    let rt = Runtime::from_url(&url)
+        .await
+        .expect("a runtime as the ACL user");
+    let other = Runtime::from_url(&url)
+        .await
+        .expect("a runtime as the ACL user");
+    lock_renew_release_and_wait(&rt, &other, "acl:single").await;
+    let log: Vec<redis::Value> = server.query(redis::cmd("ACL").arg("LOG")).await;
+    assert!(log.is_empty(), "the server refused something: {log:?}");
+}
+
+/// The same ACL (set on every node: ACLs are per node) is enough on a Redis Cluster, sharded
+/// subscriptions and topology discovery included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_acl_user_works_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let rule = setuser(&documented_acl("locker", PASSWORD));
+    for i in 0..cluster.len() {
+        let () = cluster.node_query(i, &rule).await.expect("ACL SETUSER");
+    }
+    let seeds: Vec<String> = (0..cluster.len())
+        .map(|i| format!("redis://locker:{PASSWORD}@127.0.0.1:{}", cluster.port(i)))
+        .collect();
+    let rt = Runtime::builder()
+        .redis_cluster(seeds.clone())
+        .build()
+        .await
+        .expect("a cluster runtime as the ACL user");
+    let other = Runtime::builder()
+        .redis_cluster(seeds)
+        .build()
+        .await
+        .expect("a cluster runtime as the ACL user");
+    for (key, _) in cluster.one_key_per_master("acl").await {
+        lock_renew_release_and_wait(&rt, &other, &key).await;
+    }
+    for i in 0..cluster.len() {
+        let log: Vec<redis::Value> = cluster
+            .node_query(i, redis::cmd("ACL").arg("LOG"))
+            .await
+            .expect("ACL LOG");
+        assert!(log.is_empty(), "node {i} refused something: {log:?}");
+    }
+}
+
+/// A user missing one permission of the documented ACL gets `LockError::Backend` whose message
+/// names the grant it lacks: a command (`+evalsha`; `+eval`, which loads a script the server
+/// does not have yet; `+hset`, which the acquire script runs; `+subscribe`), the key pattern,
+/// or the channel pattern. Subscribing is checked when the
+/// runtime connects, so waiters do not silently fall back to polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_missing_a_permission_gets_a_backend_error_naming_it() {
+    let server = RedisServer::start();
+    let cases: [(&str, &[&str], &str); 6] = [
+        ("no-scripts", &["+evalsha", "+eval"], "`+evalsha`"),
+        ("no-eval", &["+eval"], "`+eval`"),
+        ("no-hset", &["+hset"], "`+hset`"),
+        ("no-keys", &["~dlock:*"], "`~dlock:*`"),
+        ("no-subscribe", &["+subscribe"], "`+subscribe`"),
+        ("no-channels", &["&dlock:*"], "`&dlock:*`"),
+    ];
+    for (user, drop, named) in cases {
+        let rule = without(&documented_acl(user, PASSWORD), drop);
+        let () = server.query(&setuser(&rule)).await;
+        let url = format!("redis://{user}:{PASSWORD}@127.0.0.1:{}", server.port());
+        let outcome = async {
+            let rt = Runtime::builder()
+                .redis(url.as_str())
+                .timeout(Duration::from_secs(2))
+                .build()
+                .await?;
+            rt.lock(format!("acl:{user}"))
+                .acquire()
+                .await?
+                .release()
+                .await
+        }
+        .await;
+        let err = outcome.expect_err(user);
+        assert!(err.is_backend(), "{user}: expected Backend, got {err:?}");
+        let message = err.to_string();
+        println!("{user}: {message}");
+        assert!(
+            message.contains("ACL") && message.contains(named),
+            "{user}: the message must name {named}: {message}"
+        );
+        assert!(!server.exists(&lock_key(&format!("acl:{user}"))).await);
+    }
 }

@@ -8,10 +8,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Value};
 
 use super::RedisBackend;
+use super::acl;
 use super::cluster::ClusterLink;
 use super::config::{NodeSettings, redact};
 use super::names::Names;
 use super::push::push_handler;
+use super::script::Lua;
 use crate::LockError;
 use crate::backend::Context;
 
@@ -171,13 +173,30 @@ impl RedisBackend {
         what: &str,
         answer: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
     ) -> Result<T, LockError> {
+        self.settle_script(key, what, answer, None)
+    }
+
+    /// [`settle`](RedisBackend::settle) for a call that ran `script`: a refusal of the
+    /// server's ACL names the permission the user lacks (a command the script runs, the key or
+    /// channel pattern).
+    pub(super) fn settle_script<T>(
+        &self,
+        key: Option<&str>,
+        what: &str,
+        answer: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
+        script: Option<&Lua>,
+    ) -> Result<T, LockError> {
         match answer {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
                 if e.is_timeout() {
                     self.link.note_timeout();
                 }
-                Err(redis_error(key, what, e))
+                let publish = self.link.publish_command();
+                match acl::denial(&e.to_string(), script, &self.names, publish) {
+                    Some(denial) => Err(redis_error(key, &format!("{what}: {denial}"), e)),
+                    None => Err(redis_error(key, what, e)),
+                }
             }
             Err(_) => {
                 self.link.note_timeout();

@@ -13,6 +13,7 @@
 //! message published while the subscription was down reached nobody), and every wait is
 //! bounded by the holder's TTL anyway.
 
+mod acl;
 mod cluster;
 pub(crate) mod config;
 mod link;
@@ -51,7 +52,9 @@ impl RedisBackend {
     pub(crate) async fn connect(url: &str, ctx: &Context) -> Result<Self, LockError> {
         let names = Names::new(&ctx.prefix);
         let link = Link::single(url, &names, ctx).await?;
-        Ok(Self::with_link(link, names, ctx))
+        let backend = Self::with_link(link, names, ctx);
+        backend.check_notifications().await?;
+        Ok(backend)
     }
 
     /// Like [`RedisBackend::connect`], but connects on first use: a node that is down now
@@ -69,7 +72,9 @@ impl RedisBackend {
     ) -> Result<Self, LockError> {
         let names = Names::new(&ctx.prefix);
         let link = ClusterLink::connect(seeds, &names, ctx).await?;
-        Ok(Self::with_link(link, names, ctx))
+        let backend = Self::with_link(link, names, ctx);
+        backend.check_notifications().await?;
+        Ok(backend)
     }
 
     fn with_link(link: Link, names: Names, ctx: &Context) -> Self {

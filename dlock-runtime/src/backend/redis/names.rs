@@ -24,6 +24,12 @@ impl Names {
         }
     }
 
+    /// The prefix as every name starts with it (braces and `%` escaped): what an ACL's key and
+    /// channel patterns must match (`~<prefix>*`, `&<prefix>*`).
+    pub(super) fn written_prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// `<prefix>{<key>}`, the part every name of the key starts with.
     fn tagged(&self, key: &str) -> String {
         format!("{}{{{}}}", self.prefix, escape(key, &['%', '}']))

@@ -17,15 +17,17 @@ pub(crate) const RENEW_LUA: &str = include_str!("lua/renew.lua");
 pub(crate) const RELEASE_LUA: &str = include_str!("lua/release.lua");
 pub(crate) const FORCE_UNLOCK_LUA: &str = include_str!("lua/force_unlock.lua");
 
-/// One script: its source and SHA1.
+/// One script: its name (for messages), source and SHA1.
 pub(super) struct Lua {
+    pub(super) name: &'static str,
     sha: String,
-    src: &'static str,
+    pub(super) src: &'static str,
 }
 
 impl Lua {
-    fn new(src: &'static str) -> Self {
+    fn new(name: &'static str, src: &'static str) -> Self {
         Self {
+            name,
             sha: Script::new(src).get_hash().to_owned(),
             src,
         }
@@ -42,10 +44,10 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            acquire: Lua::new(ACQUIRE_LUA),
-            renew: Lua::new(RENEW_LUA),
-            release: Lua::new(RELEASE_LUA),
-            force_unlock: Lua::new(FORCE_UNLOCK_LUA),
+            acquire: Lua::new("acquire", ACQUIRE_LUA),
+            renew: Lua::new("renew", RENEW_LUA),
+            release: Lua::new("release", RELEASE_LUA),
+            force_unlock: Lua::new("force-unlock", FORCE_UNLOCK_LUA),
         }
     }
 }
@@ -82,17 +84,19 @@ impl RedisBackend {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&lua.sha);
         fill(&mut cmd);
-        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await {
+        let answer = match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await
+        {
             Ok(Err(err))
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(lua.src);
                 fill(&mut cmd);
-                self.call(key, what, cmd.query_async(&mut conn)).await
+                tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await
             }
-            answer => self.settle(key, what, answer),
-        }
+            answer => answer,
+        };
+        self.settle_script(key, what, answer, Some(lua))
     }
 }
 
