@@ -2,9 +2,11 @@
 //! certificate signed by a test CA that the client trusts through `?ca=`): acquisition and
 //! exclusion between two runtimes, a release waking a waiter through pub/sub over TLS, the
 //! watchdog renewing a short lease, and the failures: a plaintext `redis://` URL to the TLS port
-//! and a `rediss://` URL that does not trust the test CA both end in `LockError::Backend`,
-//! promptly; `#insecure` (verification off) is `InvalidConfig` without the crate's
-//! `tls-insecure-skip-verify` feature.
+//! (a message that hints at TLS) and a `rediss://` URL that does not trust the test CA both end
+//! in `LockError::Backend`, promptly; `#insecure` (verification off) is `InvalidConfig` without
+//! the crate's `tls-insecure-skip-verify` feature. Mutual TLS ([`RedisServer::start_mutual_tls`],
+//! `tls-auth-clients yes`): a client certificate named by `cert=` and `key=` is accepted; none,
+//! or one of another CA, is a prompt `Backend` error.
 
 use std::time::{Duration, Instant};
 
@@ -126,6 +128,25 @@ async fn tls_plaintext_url_to_tls_port_fails_with_backend_error_promptly() {
         "failing took {:?} with a 2 s timeout",
         start.elapsed()
     );
+    assert!(
+        err.to_string().contains("rediss://"),
+        "the message hints at TLS: {err}"
+    );
+    // The same through a cluster URL.
+    let cluster = format!("redis+cluster://127.0.0.1:{}?timeout=2s", server.port());
+    let start = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(20), Runtime::from_url(&cluster))
+        .await
+        .expect("a plaintext cluster connection to a TLS port hung for 20 s")
+        .map(|_| ())
+        .expect_err("plaintext RESP to a TLS port");
+    println!("{cluster} failed after {:?}: {err}", start.elapsed());
+    assert!(err.is_backend(), "expected LockError::Backend, got {err:?}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(
+        err.to_string().contains("rediss://"),
+        "the message hints at TLS: {err}"
+    );
     // The server is unharmed and still serves TLS clients.
     let rt = tls_runtime(&server).await;
     rt.lock("tls:plain")
@@ -177,4 +198,55 @@ async fn tls_insecure_fragment_is_refused_without_its_feature() {
         .await
         .expect_err("the builder refuses it too");
     assert!(err.is_invalid_config(), "{insecure}: {err:?}");
+}
+
+/// Regression (issue "reliability", TLS): client certificates could not be configured. With
+/// `cert=` and `key=` a runtime passes a server that requires a client certificate: it locks,
+/// excludes a second runtime, is woken by a release, and renews a short lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_client_certificate_from_the_url_locks_waits_and_renews() {
+    let server = RedisServer::start_mutual_tls();
+    let url = server.url();
+    assert!(url.contains("cert=") && url.contains("key="), "{url}");
+    let [a, b] = tls_runtimes(&server).await;
+    let guard = a.lock("mtls:exclusion").lease(LEASE).held("acquire").await;
+    b.lock("mtls:exclusion")
+        .times_out("a second runtime must not get a held key")
+        .await;
+    guard.release().await.expect("release");
+    let bound = Duration::from_millis(500);
+    release_wakes_the_waiter(&a, &b, "mtls:notify", (2, bound), "mutual TLS").await;
+    let period = Duration::from_secs(3);
+    assert_watchdog_renews_on(&server, (&a, Some(&b)), "mtls:watchdog", period).await;
+}
+
+/// A server that requires a client certificate refuses a client without one, and one whose
+/// certificate another CA signed: `Backend`, promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_without_a_trusted_client_certificate_is_a_backend_error() {
+    let server = RedisServer::start_mutual_tls();
+    for url in [
+        server.url_without_client_cert(),
+        server.url_with_foreign_client_cert(),
+    ] {
+        let start = Instant::now();
+        let err = match build_within_20_s(&url).await {
+            Ok(rt) => tokio::time::timeout(
+                Duration::from_secs(20),
+                rt.lock("mtls:refused").wait(Duration::ZERO).acquire(),
+            )
+            .await
+            .expect("an acquire without a trusted client certificate hung for 20 s")
+            .map(|_guard| ())
+            .expect_err("no trusted client certificate, no lock"),
+            Err(err) => err,
+        };
+        println!("{url} failed after {:?}: {err}", start.elapsed());
+        assert!(err.is_backend(), "expected LockError::Backend, got {err:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "failing took {:?} with a 2 s timeout",
+            start.elapsed()
+        );
+    }
 }

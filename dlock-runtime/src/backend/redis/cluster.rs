@@ -106,6 +106,7 @@ impl ClusterLink {
         let conn = connect_within(
             ctx.timeout,
             &format!("cannot connect to cluster {seeds_text}"),
+            seeds.iter().all(|s| s.starts_with("redis://")),
             client.get_async_connection(),
         )
         .await?;

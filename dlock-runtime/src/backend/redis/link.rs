@@ -66,6 +66,7 @@ impl Link {
         let conn = connect_within(
             ctx.timeout,
             &format!("cannot connect to {}", redact(url)),
+            url.starts_with("redis://"),
             ConnectionManager::new_with_config(client, config),
         )
         .await?;
@@ -137,13 +138,23 @@ fn timed_out(message: String) -> Arc<dyn std::error::Error + Send + Sync> {
 }
 
 /// Awaits a connection attempt bounded by `timeout`; a failure is `Backend` saying `what`.
+/// Over plaintext (`redis://`), a server that accepted the connection and then dropped it or
+/// answered something that is not RESP is most likely a TLS port: the message says so.
 pub(super) async fn connect_within<T>(
     timeout: Duration,
     what: &str,
+    plaintext: bool,
     connecting: impl std::future::Future<Output = Result<T, RedisError>>,
 ) -> Result<T, LockError> {
     match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) if plaintext && looks_like_tls(&e) => Err(redis_error(
+            None,
+            &format!(
+                "{what} (the server dropped a plaintext connection: if it expects TLS, use rediss://)"
+            ),
+            e,
+        )),
         Ok(Err(e)) => Err(redis_error(None, what, e)),
         Err(_) => Err(LockError::backend(
             None,
@@ -151,6 +162,12 @@ pub(super) async fn connect_within<T>(
             Some(timed_out(format!("no connection within {timeout:?}"))),
         )),
     }
+}
+
+/// A connection accepted and then dropped (reset, closed) or answered with bytes that are not
+/// RESP: what a TLS server does to a plaintext client.
+fn looks_like_tls(e: &RedisError) -> bool {
+    (e.is_connection_dropped() && !e.is_connection_refusal()) || e.kind() == redis::ErrorKind::Parse
 }
 
 impl RedisBackend {
