@@ -1,14 +1,20 @@
 //! Real faults and bad input: SCRIPT FLUSH, restart, kill -9 and SIGSTOP of the server give
 //! working locks again or a bounded `Backend` error (never a hang, never the body unlocked);
-//! bad configuration gives `InvalidConfig`.
+//! bad configuration gives `InvalidConfig`. On one Redis, a Redis Cluster and Redlock: an
+//! engine that goes down while a lock is held yields `Lost` within the lease, and one that
+//! restarts while tasks wait lets them acquire afterwards; a full Redis (`maxmemory`,
+//! `noeviction`) gives `Backend`, never an unlocked body.
 
 use std::error::Error as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::LockError;
+use dlock_runtime::{LockError, with_lock};
+use dlock_tests::cluster::RedisCluster;
 use dlock_tests::{
-    AcquireExt, HoldExt, RedisServer, Runtime, assert_between, lock_key, redis_with_runtime,
-    redis_with_timeout,
+    AcquireExt, BuildExt, HoldExt, RedisServer, Runtime, SetOnDrop, assert_between, finish_within,
+    lock_key, redis_with_runtime, redis_with_timeout,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -237,4 +243,247 @@ async fn no_engine_is_invalid_config() {
         err.is_invalid_config(),
         "expected InvalidConfig, got {err:?}"
     );
+}
+
+/// Runs `body_lease`-leased `with_lock` on `rt` around a body that would take a minute, applies
+/// `fault` once the body runs, and asserts the call ends in `Err(Lost)` for `key` within the
+/// lease (plus scheduling slack) of the fault, the body dropped before its end.
+async fn lost_within_the_lease(rt: &Runtime, key: &str, lease: Duration, fault: impl FnOnce()) {
+    let completed = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let (lock, completed, dropped) = (
+            rt.lock(key).lease(lease),
+            completed.clone(),
+            dropped.clone(),
+        );
+        tokio::spawn(with_lock(lock, async move {
+            let _flag = SetOnDrop(dropped);
+            held_tx.send(()).expect("the test waits");
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            completed.store(true, Ordering::SeqCst);
+        }))
+    };
+    held_rx.await.expect("the body runs");
+    fault();
+    let down = Instant::now();
+    let out = tokio::time::timeout(lease + Duration::from_secs(10), task)
+        .await
+        .expect("with_lock must end once the lease is lost")
+        .expect("task");
+    let took = down.elapsed();
+    println!("{key}: with_lock returned {out:?} {took:?} after the engine went down");
+    match out {
+        Err(LockError::Lost { key: k }) => assert_eq!(k, key),
+        other => panic!("{key}: expected Err(Lost), got {other:?}"),
+    }
+    assert!(
+        took <= lease + Duration::from_millis(1500),
+        "{key}: Lost {took:?} after the engine went down, lease {lease:?}"
+    );
+    assert!(dropped.load(Ordering::SeqCst), "the body must be dropped");
+    assert!(
+        !completed.load(Ordering::SeqCst),
+        "the body must not run to its end"
+    );
+}
+
+/// Holds `key` on `holder` (6 s lease) while `WAITERS` tasks of `waiters` wait for it (30 s),
+/// restarts the engine with `restart` (empty, as without persistence), and asserts every
+/// waiter then gets the key, one at a time, within 15 s; and the holder learns its lock is
+/// gone (`lost()`) within a renewal interval plus slack.
+async fn waiters_acquire_after_a_restart(
+    holder: &Runtime,
+    waiters: &Runtime,
+    key: &str,
+    restart: impl FnOnce(),
+) {
+    const WAITERS: usize = 3;
+    let lease = Duration::from_secs(6);
+    let held = holder.lock(key).lease(lease).held("the holder").await;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let (lock, inside) = (
+                waiters.lock(key).lease(LEASE).wait(Duration::from_secs(30)),
+                inside.clone(),
+            );
+            tokio::spawn(async move {
+                let guard = lock
+                    .acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
+                let came = Instant::now();
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two waiters inside"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard
+                    .release()
+                    .await
+                    .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
+                came
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        tasks.iter().all(|t| !t.is_finished()),
+        "a waiter got a held key"
+    );
+    restart();
+    let restarted = Instant::now();
+    let came = finish_within(tasks, Duration::from_secs(15)).await;
+    let last = came
+        .iter()
+        .max()
+        .expect("waiters")
+        .duration_since(restarted);
+    println!(
+        "{key}: {WAITERS} waiters held the key one by one, the last {last:?} after the restart"
+    );
+    tokio::time::timeout(lease / 3 + Duration::from_secs(3), held.lost())
+        .await
+        .expect("the holder learns that the restart took its lock");
+}
+
+/// A Redis killed (kill -9) while a `with_lock` body runs: `Err(Lost)` within the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_while_held_is_lost_within_the_lease() {
+    let (mut server, rt) = redis_with_timeout(TIMEOUT).await;
+    lost_within_the_lease(&rt, "faults:down-held", Duration::from_secs(2), || {
+        server.kill9()
+    })
+    .await;
+}
+
+/// Waiters on a Redis restarted empty while they wait get the key afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
+    let (mut server, holder) = redis_with_timeout(TIMEOUT).await;
+    let waiters = Runtime::builder()
+        .redis(server.url())
+        .timeout(TIMEOUT)
+        .built()
+        .await;
+    waiters_acquire_after_a_restart(&holder, &waiters, "faults:restart-waiting", || {
+        server.restart()
+    })
+    .await;
+}
+
+/// A Redis Cluster shard whose master and replica are killed while a `with_lock` body on it
+/// runs: `Err(Lost)` within the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_shard_killed_while_held_is_lost_within_the_lease() {
+    let mut cluster = RedisCluster::start();
+    let master = cluster.master_for_slot(0).await;
+    let replica = cluster.replicas_of(master).await[0];
+    let key = cluster
+        .keys_on_master("faults:shard-down", master, 1)
+        .await
+        .remove(0);
+    let rt = Runtime::builder()
+        .redis_cluster(cluster.seeds())
+        .timeout(TIMEOUT)
+        .built()
+        .await;
+    lost_within_the_lease(&rt, &key, Duration::from_secs(2), || {
+        cluster.kill9(master);
+        cluster.kill9(replica);
+    })
+    .await;
+}
+
+/// Waiters for a key whose Cluster master restarts (empty, before any failover) get the key
+/// once the node has rejoined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
+    let mut cluster = RedisCluster::start();
+    let master = cluster.master_for_slot(0).await;
+    let key = cluster
+        .keys_on_master("faults:restart", master, 1)
+        .await
+        .remove(0);
+    let built = || {
+        Runtime::builder()
+            .redis_cluster(cluster.seeds())
+            .timeout(TIMEOUT)
+            .built()
+    };
+    let (holder, waiters) = (built().await, built().await);
+    waiters_acquire_after_a_restart(&holder, &waiters, &key, || {
+        cluster.kill9(master);
+        cluster.restart(master);
+    })
+    .await;
+}
+
+/// Waiters on Redlock whose every node restarts empty while they wait get the key afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
+    let mut nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let url = format!(
+        "redlock://{}?node_timeout=500ms&timeout=1s",
+        hosts.join(",")
+    );
+    let holder = Runtime::from_url(&url).await.expect("a redlock runtime");
+    let waiters = Runtime::from_url(&url).await.expect("a redlock runtime");
+    waiters_acquire_after_a_restart(&holder, &waiters, "faults:redlock-restart", || {
+        for node in &mut nodes {
+            node.restart();
+        }
+    })
+    .await;
+}
+
+/// A Redis out of memory (`maxmemory` reached, `noeviction`): acquiring is `Backend` naming the
+/// key, and `with_lock` never runs its body; a lock held before keeps being renewed and is
+/// released; once memory is available again, locking works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_redis_gives_backend_and_never_runs_the_body() {
+    let (server, rt) = redis_with_timeout(TIMEOUT).await;
+    let (held_key, key) = ("faults:held-before-full", "faults:full");
+    let held = rt.hold(held_key, Duration::from_secs(1)).await;
+    let () = server
+        .query(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory-policy")
+                .arg("noeviction"),
+        )
+        .await;
+    let () = server
+        .query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(1))
+        .await;
+    let err = rt
+        .lock(key)
+        .acquire()
+        .await
+        .map(drop)
+        .expect_err("no memory, no lock");
+    println!("acquire on a full redis: {err}");
+    assert_backend_error(&err, key);
+    assert_has_source(&err);
+    let lock = rt.lock(key).wait(Duration::from_secs(1));
+    let (err, _) = lock.body_refused(BACKEND_ERROR_WITHIN, "full redis").await;
+    assert_backend_error(&err, key);
+    assert!(!server.exists(&lock_key(key)).await, "no lock hash written");
+    // Renewals write no new data: the lock held before stays held past its 1 s lease.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!held.is_lost(), "a held lock survives a full server");
+    held.release().await.expect("release on a full server");
+    assert!(!server.exists(&lock_key(held_key)).await);
+    let () = server
+        .query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0))
+        .await;
+    rt.lock(key).cycled("memory available again").await;
 }
