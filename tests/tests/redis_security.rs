@@ -123,6 +123,8 @@ async fn a_password_in_a_url_authenticates_and_is_never_shown() {
         format!("redlock://:{PASSWORD}@127.0.0.1:{port}?node_timeout=never"),
         format!("zk://u:{PASSWORD}@127.0.0.1:{port}?pass={PASSWORD}"),
         format!(":{PASSWORD}@127.0.0.1:{port}"),
+        format!("redis://:{PASSWORD}@127.0.0.1:notaport"),
+        format!("redis://:{PASSWORD}@[::1"),
     ] {
         let err = Runtime::from_url(&url)
             .await
