@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::LockError;
 use crate::backend::Attempt;
 use crate::core::{Core, ReleaseOnDrop};
-use crate::held::Held;
+use crate::held::{Held, Terms};
 use crate::wait::Ticket;
 
 /// Pause before a waiter retries after an engine error.
@@ -22,7 +22,7 @@ const ERROR_RETRY: Duration = Duration::from_millis(100);
 const POLL_UNWATCHED: Duration = Duration::from_millis(200);
 
 /// Longest deadline the runtime computes; a larger `wait` means "until acquired".
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A random 128-bit owner token, chosen before any request is sent.
 fn new_owner() -> String {
@@ -68,10 +68,10 @@ async fn compensated(
 pub(crate) async fn acquire_fresh(
     core: &Arc<Core>,
     key: String,
-    lease: Duration,
+    terms: Terms,
     wait: Duration,
-    watchdog: bool,
 ) -> Result<Arc<Held>, LockError> {
+    let lease = terms.lease;
     let owner = new_owner();
     let started = Instant::now();
     let deadline = started + wait.min(FOREVER);
@@ -106,7 +106,7 @@ pub(crate) async fn acquire_fresh(
                 let since = Instant::now()
                     .checked_sub(lease / 3)
                     .map_or(started, |t| t.max(started));
-                Ok(Held::new(core, key, owner, fence, lease, watchdog, since))
+                Ok(Held::new(core, key, owner, fence, terms, since))
             }
             Attempt::Busy { .. } => Err(timeout(key)),
         };
@@ -117,7 +117,7 @@ pub(crate) async fn acquire_fresh(
         let sent_at = Instant::now();
         match attempt(core, &key, &owner, lease).await? {
             Attempt::Acquired { fence } => {
-                return Ok(Held::new(core, key, owner, fence, lease, watchdog, sent_at));
+                return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
             Attempt::Busy { .. } if wait.is_zero() => return Err(timeout(key)),
             Attempt::Busy { .. } => {}
@@ -127,7 +127,7 @@ pub(crate) async fn acquire_fresh(
     // Slow path, boxed so that the common uncontended acquire stays a small future.
     tracing::debug!(key = %key, ?wait, "lock busy; waiting for a release");
     Box::pin(wait_in_queue(
-        core, key, owner, lease, watchdog, started, deadline,
+        core, key, owner, terms, started, deadline,
     ))
     .await
 }
@@ -137,11 +137,11 @@ async fn wait_in_queue(
     core: &Arc<Core>,
     key: String,
     mut owner: String,
-    lease: Duration,
-    watchdog: bool,
+    terms: Terms,
     started: Instant,
     deadline: Instant,
 ) -> Result<Arc<Held>, LockError> {
+    let lease = terms.lease;
     let timeout = |key: String| LockError::Timeout {
         key,
         waited: started.elapsed(),
@@ -185,7 +185,7 @@ async fn wait_in_queue(
         match answer {
             Attempt::Acquired { fence } => {
                 queue.mark_held(lease);
-                return Ok(Held::new(core, key, owner, fence, lease, watchdog, sent_at));
+                return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
             Attempt::Busy { ttl } => {
                 let now = Instant::now();

@@ -41,5 +41,5 @@ pub use core::MAX_LEASE;
 pub use dlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
-pub use lock::{LockBuilder, OnLost, lock, with_lock};
+pub use lock::{LockBuilder, MAX_KEY_LEN, OnLost, lock, with_lock};
 pub use runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Runtime};

@@ -7,12 +7,13 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Resolves the holders of one lock once its lease is known lost.
 /// The lease state of one held lock, shared by its guards and the watchdog: the lost signal
 /// and the confirmed validity.
 #[derive(Debug)]
 pub(crate) struct LostSignal {
     lost: AtomicBool,
+    /// The acquisition ended while reentrant guards were still alive: to them it is lost.
+    orphaned: AtomicBool,
     notify: Arc<Notify>,
     /// Reference point for `valid_nanos`.
     base: Instant,
@@ -24,6 +25,7 @@ impl Default for LostSignal {
     fn default() -> Self {
         Self {
             lost: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
             notify: Arc::default(),
             base: Instant::now(),
             valid_nanos: AtomicU64::new(0),
@@ -52,7 +54,21 @@ impl LostSignal {
         self.notify.notify_waiters();
     }
 
+    /// The acquisition ended under guards that re-entered it: they count it lost, though the
+    /// lease itself was not.
+    pub(crate) fn orphan(&self) {
+        self.orphaned.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Whether the lock no longer protects its guards: the lease was lost, or (for a reentrant
+    /// guard that outlived it) the acquisition ended.
     pub(crate) fn is_lost(&self) -> bool {
+        self.lease_lost() || self.orphaned.load(Ordering::Acquire)
+    }
+
+    /// Whether the lease was lost in the engine (or on the local clock).
+    pub(crate) fn lease_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
 

@@ -62,5 +62,8 @@ conformance!(
     reentrancy::nested_acquisition_reenters_and_inner_exit_keeps_the_hold,
     reentrancy::other_tasks_and_plain_acquires_are_other_owners,
     reentrancy::current_fence_is_the_innermost_holds,
+    reentrancy::concurrent_branches_of_a_chain_are_different_owners,
+    reentrancy::reentrant_guard_kept_past_its_chain_is_lost,
     config::bad_configuration_is_invalid_config,
+    config::keys_over_the_limit_are_invalid_and_at_the_limit_work,
 );
