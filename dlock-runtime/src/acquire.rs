@@ -126,10 +126,7 @@ pub(crate) async fn acquire_fresh(
 
     // Slow path, boxed so that the common uncontended acquire stays a small future.
     tracing::debug!(key = %key, ?wait, "lock busy; waiting for a release");
-    Box::pin(wait_in_queue(
-        core, key, owner, terms, started, deadline,
-    ))
-    .await
+    Box::pin(wait_in_queue(core, key, owner, terms, started, deadline)).await
 }
 
 /// Queues locally; the head of the queue subscribes and contends until `deadline`.

@@ -9,6 +9,7 @@ use tokio::runtime::Handle;
 use crate::backend::url::{EngineUrl, RUNTIME_OPTIONS};
 use crate::backend::{Context, EngineConfig, Setting};
 use crate::core::{Core, validate_lease};
+use crate::last_resort::LastResort;
 use crate::runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
 use crate::wait::WaitHub;
 use crate::watchdog::Watchdog;
@@ -216,6 +217,7 @@ impl RuntimeBuilder {
         let id: u64 = rand::random();
         let (hub, ops) = WaitHub::new();
         let engine = config.name();
+        let last_resort = LastResort::new(config.as_ref(), self.prefix.clone(), self.timeout);
         let backend = config
             .connect(Context {
                 prefix: self.prefix.clone(),
@@ -242,6 +244,7 @@ impl RuntimeBuilder {
                 default_lease: self.default_lease,
                 default_wait: self.default_wait,
                 engine,
+                last_resort,
             }),
         })
     }

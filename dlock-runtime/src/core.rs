@@ -10,6 +10,7 @@ use tokio::task::futures::TaskLocalFuture;
 
 use crate::LockError;
 use crate::backend::{DynBackend, Released};
+use crate::last_resort::{self, LastResort};
 use crate::wait::WaitHub;
 use crate::watchdog::Watchdog;
 
@@ -31,6 +32,8 @@ pub(crate) struct Core {
     pub(crate) default_lease: Duration,
     pub(crate) default_wait: Duration,
     pub(crate) engine: &'static str,
+    /// Releases without `handle`, once its tokio runtime is gone.
+    pub(crate) last_resort: LastResort,
 }
 
 impl Drop for Core {
@@ -79,35 +82,71 @@ pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockErro
     Ok(())
 }
 
-/// Releases `owner`'s hold on `key` from a spawned task (Drop, cancellation).
+/// Releases `owner`'s hold on `key` from a spawned task (Drop, cancellation). If that task is
+/// dropped before it finishes (its tokio runtime shuts down, or is already gone), the release
+/// runs on the [last resort](crate::last_resort) instead.
 pub(crate) fn release_in_background(core: Arc<Core>, key: String, owner: String) {
     let handle = core.handle.clone();
+    let pending = PendingRelease {
+        core,
+        key,
+        owner,
+        finished: false,
+    };
     handle.spawn(async move {
-        // Retried a few times: a release that fails leaves the lock until its lease ends.
-        let mut delay = Duration::from_millis(100);
-        for attempt in 1..=BACKGROUND_RELEASE_ATTEMPTS {
-            match core.backend.release(&key, &owner).await {
-                Ok(Released::Freed) => {
-                    tracing::debug!(key = %key, "lock released in the background");
-                    core.hub.wake(&key);
-                    return;
-                }
-                Ok(Released::NotOwner) => {
-                    core.hub.wake(&key);
-                    return;
-                }
-                Ok(Released::StillHeld) => return,
-                Err(err) if attempt < BACKGROUND_RELEASE_ATTEMPTS => {
-                    tracing::debug!(key = %key, error = %err, "background release failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                }
-                Err(err) => {
-                    tracing::warn!(key = %key, error = %err, "background release failed; the lock expires with its lease");
-                }
+        release_with_retries(&pending.core, &pending.key, &pending.owner).await;
+        pending.finish();
+    });
+}
+
+/// A background release; if dropped unfinished, hands over to the last resort.
+struct PendingRelease {
+    core: Arc<Core>,
+    key: String,
+    owner: String,
+    finished: bool,
+}
+
+impl PendingRelease {
+    /// Done (released, or given up after its retries): nothing for the last resort.
+    fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for PendingRelease {
+    fn drop(&mut self) {
+        if !self.finished {
+            last_resort::release(&self.core, &self.key, &self.owner);
+        }
+    }
+}
+
+/// Retried a few times: a release that fails leaves the lock until its lease ends.
+async fn release_with_retries(core: &Core, key: &str, owner: &str) {
+    let mut delay = Duration::from_millis(100);
+    for attempt in 1..=BACKGROUND_RELEASE_ATTEMPTS {
+        match core.backend.release(key, owner).await {
+            Ok(Released::Freed) => {
+                tracing::debug!(key = %key, "lock released in the background");
+                core.hub.wake(key);
+                return;
+            }
+            Ok(Released::NotOwner) => {
+                core.hub.wake(key);
+                return;
+            }
+            Ok(Released::StillHeld) => return,
+            Err(err) if attempt < BACKGROUND_RELEASE_ATTEMPTS => {
+                tracing::debug!(key = %key, error = %err, "background release failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(err) => {
+                tracing::warn!(key = %key, error = %err, "background release failed; the lock expires with its lease");
             }
         }
-    });
+    }
 }
 
 /// Until disarmed, schedules an owner-checked release of `owner`'s hold on `key` when dropped:

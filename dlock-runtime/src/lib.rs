@@ -19,6 +19,7 @@ mod engines;
 mod error;
 mod guard;
 mod held;
+mod last_resort;
 mod lock;
 mod lost;
 mod runtime;

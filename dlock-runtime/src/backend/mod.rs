@@ -143,6 +143,12 @@ pub(crate) trait EngineConfig: CloneConfig + fmt::Debug + Send + Sync + 'static 
         &[]
     }
 
+    /// Whether the engine lives in this process: its backend works from any tokio runtime,
+    /// and a new connection would not see its locks.
+    fn in_process(&self) -> bool {
+        false
+    }
+
     /// Connects (bounded by `ctx.timeout`).
     fn connect(self: Box<Self>, ctx: Context) -> Connecting;
 }

@@ -53,6 +53,7 @@ conformance!(
     exit_paths::release_on_panic_and_cancellation_while_holding,
     exit_paths::cancelled_waiter_leaves_nothing_behind,
     exit_paths::cancellation_mid_acquire_leaves_nothing_behind,
+    exit_paths::guards_dropped_at_tokio_shutdown_are_released,
     waiting::wait_timeout_returns_timeout_within_bounds,
     waiting::release_wakes_a_waiter_long_before_the_lease,
     lease::watchdog_keeps_a_short_lease_alive,
