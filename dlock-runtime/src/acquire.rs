@@ -55,7 +55,7 @@ async fn compensated(
     owner: &str,
     request: impl Future<Output = Result<Attempt, LockError>>,
 ) -> Result<Attempt, LockError> {
-    let compensate = ReleaseOnDrop::new(core, key, owner);
+    let compensate = ReleaseOnDrop::compensate(core, key, owner);
     let result = request.await;
     if result.is_ok() {
         compensate.disarm();

@@ -244,6 +244,7 @@ impl RuntimeBuilder {
                 default_lease: self.default_lease,
                 default_wait: self.default_wait,
                 engine,
+                timeout: self.timeout,
                 last_resort,
             }),
         })
