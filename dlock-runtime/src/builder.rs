@@ -110,9 +110,11 @@ impl RuntimeBuilder {
         self.engine(engines::zookeeper(connect.into()))
     }
 
-    /// ZooKeeper's session timeout (default 10 s; the server clamps it to its own limits). An
-    /// option of the ZooKeeper engine: with another engine, `build` fails with
-    /// [`LockError::InvalidConfig`].
+    /// ZooKeeper's session timeout to ask for (default 10 s). The server clamps it to its
+    /// `minSessionTimeout`..`maxSessionTimeout` (by default 2 to 20 ticks) and the runtime
+    /// counts on the timeout the server **granted** (logged at debug): a holder counts its lock
+    /// lost once that long has passed since its last confirmed call. An option of the ZooKeeper
+    /// engine: with another engine, `build` fails with [`LockError::InvalidConfig`].
     pub fn session_timeout(self, timeout: Duration) -> Self {
         self.engine_option("session_timeout", timeout)
     }
