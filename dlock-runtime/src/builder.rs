@@ -121,8 +121,10 @@ impl RuntimeBuilder {
 
     /// Redlock over N independent Redis masters (at least 3), one URL per node; each node may
     /// carry its own password, db or TLS: `.redlock(["redis://h1:6379", "redis://h2:6379",
-    /// "redis://h3:6379"])`. A lock is held by a majority; `fence()` is `None` (no strictly
-    /// increasing token across holders is possible). See [`node_timeout`](Self::node_timeout).
+    /// "redis://h3:6379"])`. A lock is held by a majority of them (or [`quorum`](Self::quorum));
+    /// a node seen restarting counts again only [`rejoin_after`](Self::rejoin_after) later;
+    /// `fence()` is `None` (no strictly increasing token across holders is possible). See
+    /// [`node_timeout`](Self::node_timeout) and [`min_validity`](Self::min_validity).
     pub fn redlock<I, S>(self, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
