@@ -1121,8 +1121,7 @@ async fn unreachable_endpoints_are_backend_errors_within_the_timeout() {
 /// (nothing can confirm a renewal). Waiters queued meanwhile keep trying within their budget,
 /// and once the engine is restarted (same data) every one of them gets the lock in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn engine_killed_while_held_is_lost_within_the_lease_and_waiters_acquire_after_its_restart()
-{
+async fn engine_killed_while_held_is_lost_within_the_lease_and_waiters_acquire_after_its_restart() {
     const LEASE: Duration = Duration::from_secs(3);
     const WAITERS: usize = 3;
     let mut etcd = EtcdServer::start();

@@ -951,7 +951,10 @@ async fn holder_with_two_grants_and_one_of_them_restarted(
         .wait(Duration::ZERO)
         .times_out("A holds nodes 0 and 1")
         .await;
-    assert!(nodes.owner_on(1, key).await.is_some(), "A's grant on node 1");
+    assert!(
+        nodes.owner_on(1, key).await.is_some(),
+        "A's grant on node 1"
+    );
     assert!(nodes.owner_on(2, key).await.is_none(), "no grant on node 2");
     kill_and_restart_empty(nodes, 1);
     assert!(
@@ -972,11 +975,7 @@ async fn without_restart_protection_a_node_restarted_empty_admits_a_second_holde
         builder.rejoin_after(Duration::ZERO)
     })
     .await;
-    let second = b
-        .lock(key)
-        .wait(Duration::from_millis(500))
-        .acquire()
-        .await;
+    let second = b.lock(key).wait(Duration::from_millis(500)).acquire().await;
     let a_valid = a.valid_for();
     println!(
         "unprotected: B {:?} while A counts on {a_valid:?} more",
@@ -1084,11 +1083,7 @@ async fn quorum_of_every_node_survives_two_nodes_restarted_empty() {
         let guard = a.hold(key, LONG_LEASE).await;
         kill_and_restart_empty(&mut nodes, 1);
         kill_and_restart_empty(&mut nodes, 2);
-        let second = b
-            .lock(key)
-            .wait(Duration::from_millis(500))
-            .acquire()
-            .await;
+        let second = b.lock(key).wait(Duration::from_millis(500)).acquire().await;
         println!(
             "quorum {quorum:?}: B after two restarts: {:?}",
             second.as_ref().map(|_| "acquired")

@@ -632,7 +632,10 @@ async fn validity_never_exceeds_the_negotiated_session_and_a_paused_server_loses
     let lost = tokio::time::timeout(Duration::from_secs(15), guard.lost()).await;
     let lost_after = paused.elapsed();
     zk.resume();
-    assert!(lost.is_ok(), "lost() did not resolve within 15 s of the pause");
+    assert!(
+        lost.is_ok(),
+        "lost() did not resolve within 15 s of the pause"
+    );
     println!("server paused: lost() after {lost_after:?}");
     assert!(
         lost_after <= NEGOTIATED_SESSION + SCHEDULING_SLACK,

@@ -29,8 +29,14 @@ type BoxError = Box<dyn Error + Send + Sync>;
 
 #[derive(Debug)]
 enum Mode {
-    Counter { iterations: u64, counter: String },
-    AttrCounter { iterations: u64, counter: String },
+    Counter {
+        iterations: u64,
+        counter: String,
+    },
+    AttrCounter {
+        iterations: u64,
+        counter: String,
+    },
     Hold {
         lease: Duration,
         watchdog: bool,

@@ -193,7 +193,17 @@ mod tests {
         assert_eq!(nodes(3).quorum().ok(), Some(2));
         assert_eq!(nodes(5).quorum().ok(), Some(3));
         assert_eq!(nodes(4).quorum().ok(), Some(3));
-        for (n, q, ok) in [(3, 2, true), (3, 3, true), (3, 1, false), (3, 4, false), (5, 3, true), (5, 2, false), (4, 2, false), (4, 3, true), (3, 0, false)] {
+        for (n, q, ok) in [
+            (3, 2, true),
+            (3, 3, true),
+            (3, 1, false),
+            (3, 4, false),
+            (5, 3, true),
+            (5, 2, false),
+            (4, 2, false),
+            (4, 3, true),
+            (3, 0, false),
+        ] {
             let mut config = nodes(n);
             config.set("quorum", Setting::Count(q)).expect("a count");
             let quorum = config.quorum();

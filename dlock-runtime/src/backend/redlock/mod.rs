@@ -63,7 +63,11 @@ impl RedlockBackend {
     /// Sets up one lazily connected client per node (a node that is down does not stop the
     /// runtime from starting: it is one of the minority Redlock tolerates). Each node's calls
     /// are bounded by `node_timeout`.
-    pub(crate) fn connect(urls: &[String], ctx: &Context, tuning: Tuning) -> Result<Self, LockError> {
+    pub(crate) fn connect(
+        urls: &[String],
+        ctx: &Context,
+        tuning: Tuning,
+    ) -> Result<Self, LockError> {
         let redacted: Vec<String> = urls.iter().map(|url| redact(url)).collect();
         let identities: Vec<Arc<NodeIdentity>> = redacted
             .iter()
@@ -124,24 +128,29 @@ impl RedlockBackend {
     where
         F: Future<Output = Result<T, LockError>>,
     {
-        let answers: Vec<Result<T, LockError>> =
-            join_all(self.nodes.iter().zip(&self.urls).enumerate().map(|(i, (node, url))| {
-                let call = op(i, node);
-                async move {
-                    match tokio::time::timeout(self.node_timeout, call).await {
-                        Ok(answer) => answer,
-                        Err(_) => Err(LockError::backend(
-                            key,
-                            format!(
-                                "redlock node {url} did not answer within {:?}",
-                                self.node_timeout
-                            ),
-                            None,
-                        )),
+        let answers: Vec<Result<T, LockError>> = join_all(
+            self.nodes
+                .iter()
+                .zip(&self.urls)
+                .enumerate()
+                .map(|(i, (node, url))| {
+                    let call = op(i, node);
+                    async move {
+                        match tokio::time::timeout(self.node_timeout, call).await {
+                            Ok(answer) => answer,
+                            Err(_) => Err(LockError::backend(
+                                key,
+                                format!(
+                                    "redlock node {url} did not answer within {:?}",
+                                    self.node_timeout
+                                ),
+                                None,
+                            )),
+                        }
                     }
-                }
-            }))
-            .await;
+                }),
+        )
+        .await;
         // A node that failed may have restarted: read its run id before its next grant counts.
         for (identity, answer) in self.identities.iter().zip(&answers) {
             if answer.is_err() {
@@ -292,8 +301,7 @@ impl Backend for RedlockBackend {
             // Another owner holds enough nodes to keep us from a quorum: wait for its release
             // (notification) or for its lease to run out on enough of them.
             busy_ttls[busy_ttls.len() - blocking]
-        } else if let Some(rejoins_in) = rejoins_in.filter(|_| granted + uncounted >= self.quorum)
-        {
+        } else if let Some(rejoins_in) = rejoins_in.filter(|_| granted + uncounted >= self.quorum) {
             // Only a restarted node's grant was missing: look again when it counts (or when a
             // release notification comes first).
             rejoins_in.max(Duration::from_millis(5))
@@ -360,7 +368,9 @@ impl Backend for RedlockBackend {
     }
 
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
-        let answers = self.on_all(Some(key), |_, node| node.force_unlock(key)).await;
+        let answers = self
+            .on_all(Some(key), |_, node| node.force_unlock(key))
+            .await;
         if answers.iter().all(Result::is_err) {
             return Err(self.no_quorum(key, &answers));
         }

@@ -106,9 +106,7 @@ impl NodeIdentity {
         let mut known = self.known();
         if known.run_id.as_deref().is_some_and(|old| old != run_id) {
             // The uptime is whole seconds, rounded down: the restart was no later than this.
-            let restarted_at = now
-                .checked_sub(Duration::from_secs(uptime))
-                .unwrap_or(now);
+            let restarted_at = now.checked_sub(Duration::from_secs(uptime)).unwrap_or(now);
             tracing::warn!(
                 node = %self.url,
                 uptime_secs = uptime,
@@ -128,9 +126,7 @@ impl NodeIdentity {
             return true;
         }
         known.checked == Some(self.epoch.load(Ordering::Acquire))
-            && known
-                .restarted_at
-                .is_none_or(|at| now >= at + rejoin_after)
+            && known.restarted_at.is_none_or(|at| now >= at + rejoin_after)
     }
 
     /// How long until a node that restarted within `rejoin_after` counts again.
