@@ -102,9 +102,13 @@ pub(crate) async fn acquire_fresh(
         return match answer {
             Attempt::Acquired { fence } => {
                 // The lease was granted when the request started and kept alive while queued:
-                // count on it from the later of that start and a third of a lease ago.
+                // count on it from the later of that start and a third of the part of the lease
+                // the engine lets us count on (ZooKeeper: its session timeout) ago.
+                // (The margin was checked when the lock was requested.)
+                let margin = core.backend.lease_margin(lease).unwrap_or_default();
+                let counted = lease.saturating_sub(margin);
                 let since = Instant::now()
-                    .checked_sub(lease / 3)
+                    .checked_sub(counted / 3)
                     .map_or(started, |t| t.max(started));
                 Ok(Held::new(core, key, owner, fence, terms, since))
             }
