@@ -201,9 +201,13 @@ impl<'a> ReleaseOnDrop<'a> {
     /// request of that owner has been answered or given up. A late acquire therefore keeps
     /// the key for about the runtime's `timeout` at most, not for its lease.
     pub(crate) fn compensate(core: &'a Arc<Core>, key: &'a str, owner: &'a str) -> Self {
+        // Not `..Self::new(..)`: that would make (and drop, armed) a second value.
         Self {
+            core,
+            key,
+            owner,
+            armed: true,
             compensating: true,
-            ..Self::new(core, key, owner)
         }
     }
 

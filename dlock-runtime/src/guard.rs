@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use crate::LockError;
@@ -78,29 +77,12 @@ impl LockGuard {
     }
 
     /// Runs `fut` until it completes (`Some`) or the lease is known lost (`None`, `fut`
-    /// dropped). Watches the lost signal only once `fut` has to wait, so a body that completes
-    /// at once costs nothing extra.
+    /// dropped): see [`LostSignal::run_unless_lost`].
     pub(crate) async fn run_unless_lost<F: std::future::Future>(
         &self,
         fut: F,
     ) -> Option<F::Output> {
-        let signal = &self.held.lost;
-        tokio::pin!(fut);
-        let mut watching = None;
-        std::future::poll_fn(|cx| {
-            if signal.is_lost() {
-                return Poll::Ready(None);
-            }
-            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
-                return Poll::Ready(Some(out));
-            }
-            let lost = watching.get_or_insert_with(|| signal.watch());
-            if lost.as_mut().poll(cx).is_ready() || signal.is_lost() {
-                return Poll::Ready(None);
-            }
-            Poll::Pending
-        })
-        .await
+        self.held.lost.run_unless_lost(fut).await
     }
 
     /// The key (without the runtime's prefix).
