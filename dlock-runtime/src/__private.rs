@@ -37,10 +37,7 @@ pub async fn run<R: LockResult, F: Future<Output = R>>(
 ) -> R {
     // The body of `with_lock`, one future layer less (the attribute is on hot paths).
     let lock = lock.on_lost(on_lost);
-    let result = if crate::chain::in_chain() {
-        crate::lock::protected(lock, body).await
-    } else {
-        crate::chain::new_chain(crate::lock::protected(lock, body)).await
-    };
-    result.unwrap_or_else(R::from_lock_error)
+    crate::lock::protected(lock, body)
+        .await
+        .unwrap_or_else(R::from_lock_error)
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::LockError;
 use crate::backend::Attempt;
 use crate::core::{Core, ReleaseOnDrop};
-use crate::held::Held;
+use crate::held::{Held, Terms};
 use crate::wait::Ticket;
 
 /// Pause before a waiter retries after an engine error.
@@ -22,7 +22,7 @@ const ERROR_RETRY: Duration = Duration::from_millis(100);
 const POLL_UNWATCHED: Duration = Duration::from_millis(200);
 
 /// Longest deadline the runtime computes; a larger `wait` means "until acquired".
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A random 128-bit owner token, chosen before any request is sent.
 fn new_owner() -> String {
@@ -55,7 +55,7 @@ async fn compensated(
     owner: &str,
     request: impl Future<Output = Result<Attempt, LockError>>,
 ) -> Result<Attempt, LockError> {
-    let compensate = ReleaseOnDrop::new(core, key, owner);
+    let compensate = ReleaseOnDrop::compensate(core, key, owner);
     let result = request.await;
     if result.is_ok() {
         compensate.disarm();
@@ -68,10 +68,10 @@ async fn compensated(
 pub(crate) async fn acquire_fresh(
     core: &Arc<Core>,
     key: String,
-    lease: Duration,
+    terms: Terms,
     wait: Duration,
-    watchdog: bool,
 ) -> Result<Arc<Held>, LockError> {
+    let lease = terms.lease;
     let owner = new_owner();
     let started = Instant::now();
     let deadline = started + wait.min(FOREVER);
@@ -102,11 +102,15 @@ pub(crate) async fn acquire_fresh(
         return match answer {
             Attempt::Acquired { fence } => {
                 // The lease was granted when the request started and kept alive while queued:
-                // count on it from the later of that start and a third of a lease ago.
+                // count on it from the later of that start and a third of the part of the lease
+                // the engine lets us count on (ZooKeeper: its session timeout) ago.
+                // (The margin was checked when the lock was requested.)
+                let margin = core.backend.lease_margin(lease).unwrap_or_default();
+                let counted = lease.saturating_sub(margin);
                 let since = Instant::now()
-                    .checked_sub(lease / 3)
+                    .checked_sub(counted / 3)
                     .map_or(started, |t| t.max(started));
-                Ok(Held::new(core, key, owner, fence, lease, watchdog, since))
+                Ok(Held::new(core, key, owner, fence, terms, since))
             }
             Attempt::Busy { .. } => Err(timeout(key)),
         };
@@ -117,7 +121,7 @@ pub(crate) async fn acquire_fresh(
         let sent_at = Instant::now();
         match attempt(core, &key, &owner, lease).await? {
             Attempt::Acquired { fence } => {
-                return Ok(Held::new(core, key, owner, fence, lease, watchdog, sent_at));
+                return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
             Attempt::Busy { .. } if wait.is_zero() => return Err(timeout(key)),
             Attempt::Busy { .. } => {}
@@ -126,10 +130,7 @@ pub(crate) async fn acquire_fresh(
 
     // Slow path, boxed so that the common uncontended acquire stays a small future.
     tracing::debug!(key = %key, ?wait, "lock busy; waiting for a release");
-    Box::pin(wait_in_queue(
-        core, key, owner, lease, watchdog, started, deadline,
-    ))
-    .await
+    Box::pin(wait_in_queue(core, key, owner, terms, started, deadline)).await
 }
 
 /// Queues locally; the head of the queue subscribes and contends until `deadline`.
@@ -137,11 +138,11 @@ async fn wait_in_queue(
     core: &Arc<Core>,
     key: String,
     mut owner: String,
-    lease: Duration,
-    watchdog: bool,
+    terms: Terms,
     started: Instant,
     deadline: Instant,
 ) -> Result<Arc<Held>, LockError> {
+    let lease = terms.lease;
     let timeout = |key: String| LockError::Timeout {
         key,
         waited: started.elapsed(),
@@ -185,7 +186,7 @@ async fn wait_in_queue(
         match answer {
             Attempt::Acquired { fence } => {
                 queue.mark_held(lease);
-                return Ok(Held::new(core, key, owner, fence, lease, watchdog, sent_at));
+                return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
             Attempt::Busy { ttl } => {
                 let now = Instant::now();

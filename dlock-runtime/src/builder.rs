@@ -9,6 +9,7 @@ use tokio::runtime::Handle;
 use crate::backend::url::{EngineUrl, RUNTIME_OPTIONS};
 use crate::backend::{Context, EngineConfig, Setting};
 use crate::core::{Core, validate_lease};
+use crate::last_resort::LastResort;
 use crate::runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
 use crate::wait::WaitHub;
 use crate::watchdog::Watchdog;
@@ -19,7 +20,7 @@ use crate::{LockError, Runtime, engines};
 pub struct RuntimeBuilder {
     engine: Option<Result<Box<dyn EngineConfig>, LockError>>,
     /// Engine options set on the builder, applied to the engine at `build`.
-    engine_options: Vec<(&'static str, Duration)>,
+    engine_options: Vec<(&'static str, Setting<'static>)>,
     prefix: String,
     default_lease: Duration,
     default_wait: Duration,
@@ -61,7 +62,7 @@ impl RuntimeBuilder {
         self
     }
 
-    fn engine_option(mut self, name: &'static str, value: Duration) -> Self {
+    fn engine_option(mut self, name: &'static str, value: Setting<'static>) -> Self {
         self.engine_options.push((name, value));
         self
     }
@@ -110,17 +111,21 @@ impl RuntimeBuilder {
         self.engine(engines::zookeeper(connect.into()))
     }
 
-    /// ZooKeeper's session timeout (default 10 s; the server clamps it to its own limits). An
-    /// option of the ZooKeeper engine: with another engine, `build` fails with
-    /// [`LockError::InvalidConfig`].
+    /// ZooKeeper's session timeout to ask for (default 10 s). The server clamps it to its
+    /// `minSessionTimeout`..`maxSessionTimeout` (by default 2 to 20 ticks) and the runtime
+    /// counts on the timeout the server **granted** (logged at debug): a holder counts its lock
+    /// lost once that long has passed since its last confirmed call. An option of the ZooKeeper
+    /// engine: with another engine, `build` fails with [`LockError::InvalidConfig`].
     pub fn session_timeout(self, timeout: Duration) -> Self {
-        self.engine_option("session_timeout", timeout)
+        self.engine_option("session_timeout", Setting::Duration(timeout))
     }
 
     /// Redlock over N independent Redis masters (at least 3), one URL per node; each node may
     /// carry its own password, db or TLS: `.redlock(["redis://h1:6379", "redis://h2:6379",
-    /// "redis://h3:6379"])`. A lock is held by a majority; `fence()` is `None` (no strictly
-    /// increasing token across holders is possible). See [`node_timeout`](Self::node_timeout).
+    /// "redis://h3:6379"])`. A lock is held by a majority of them (or [`quorum`](Self::quorum));
+    /// a node seen restarting counts again only [`rejoin_after`](Self::rejoin_after) later;
+    /// `fence()` is `None` (no strictly increasing token across holders is possible). See
+    /// [`node_timeout`](Self::node_timeout) and [`min_validity`](Self::min_validity).
     pub fn redlock<I, S>(self, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -133,7 +138,34 @@ impl RuntimeBuilder {
     /// node that is down or paused costs at most this much per attempt. An option of the
     /// Redlock engine: with another engine, `build` fails with [`LockError::InvalidConfig`].
     pub fn node_timeout(self, timeout: Duration) -> Self {
-        self.engine_option("node_timeout", timeout)
+        self.engine_option("node_timeout", Setting::Duration(timeout))
+    }
+
+    /// Redlock: the fraction of the lease that must still be valid when the quorum has granted
+    /// the lock (default `0.5`; from 0 to below 1); a grant that came later is undone and the
+    /// attempt retried. The URL option `min_validity=0.5`. An option of the Redlock engine:
+    /// with another engine, or out of range, `build` fails with [`LockError::InvalidConfig`].
+    pub fn min_validity(self, fraction: f64) -> Self {
+        self.engine_option("min_validity", Setting::Fraction(fraction))
+    }
+
+    /// Redlock: how many nodes must grant a lock (default: a majority, `N/2 + 1`). A larger
+    /// quorum survives more nodes restarted empty while a lock is held (`2q - N - 1` of them)
+    /// at the cost of availability (at most `N - q` nodes may be down). Must be from a
+    /// majority to `N`, else `build` fails with [`LockError::InvalidConfig`]. The URL option
+    /// `quorum=3`.
+    pub fn quorum(self, nodes: u32) -> Self {
+        self.engine_option("quorum", Setting::Count(nodes))
+    }
+
+    /// Redlock: how long after a node restarted its grants count again (default: the longest
+    /// lease this runtime has used; zero turns the check off). The runtime reads each node's
+    /// run id (`INFO server`) when it first reaches it and after every reconnect or failed
+    /// call; a node whose run id changed has restarted and may have lost the locks it held, so
+    /// its grants do not count toward the quorum until this long after its restart. The URL
+    /// option `rejoin_after=30s`.
+    pub fn rejoin_after(self, delay: Duration) -> Self {
+        self.engine_option("rejoin_after", Setting::Duration(delay))
     }
 
     /// The in-process engine: locks exclude within this process only. The embedded default
@@ -206,7 +238,7 @@ impl RuntimeBuilder {
             )
         })??;
         for (name, value) in self.engine_options {
-            if !config.set(name, Setting::Duration(value))? {
+            if !config.set(name, value)? {
                 return Err(LockError::config(format!(
                     "`{name}` is not an option of the {} engine (its options: {})",
                     config.name(),
@@ -217,6 +249,7 @@ impl RuntimeBuilder {
         let id: u64 = rand::random();
         let (hub, ops) = WaitHub::new();
         let engine = config.name();
+        let last_resort = LastResort::new(config.as_ref(), self.prefix.clone(), self.timeout);
         let backend = config
             .connect(Context {
                 prefix: self.prefix.clone(),
@@ -243,6 +276,8 @@ impl RuntimeBuilder {
                 default_lease: self.default_lease,
                 default_wait: self.default_wait,
                 engine,
+                timeout: self.timeout,
+                last_resort,
             }),
         })
     }

@@ -1,39 +1,106 @@
 //! The call chain: the dynamic extent of an annotated call or of `with_lock`, and the holds it
-//! owns (reentrancy). Spawned tasks do not inherit it: another task is another owner.
+//! owns (reentrancy).
+//!
+//! Every annotated call and every `with_lock` runs its body in a new [`Frame`] whose parent is
+//! the frame it was called from. A lookup walks from the innermost frame outwards, so a nested
+//! call finds the holds of its callers, while two sub-futures polled side by side (`join!`,
+//! `join_all`) each run in a frame of their own and never see each other's holds: they are
+//! different owners. Spawned tasks do not inherit the frame at all.
 
-use std::cell::RefCell;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::held::Held;
 
 tokio::task_local! {
-    /// The locks held by one call chain (the dynamic extent of an annotated call or of
-    /// [`with_lock`]). Spawned tasks do not inherit it: another task is another owner.
-    pub(crate) static CHAIN: RefCell<ChainHolds>;
+    /// The innermost frame of the running call chain.
+    static CHAIN: Arc<Frame>;
 }
 
-/// The holds of one call chain, innermost last. The first lives inline: a chain that holds
-/// one lock at a time never allocates.
+/// Frame ids start at 1: 0 stands for "no frame".
+static NEXT_FRAME: AtomicU64 = AtomicU64::new(1);
+
+/// One level of a call chain: the body of one annotated call or `with_lock`.
+pub(crate) struct Frame {
+    /// Unique for the life of the process.
+    pub(crate) id: u64,
+    parent: Option<Arc<Frame>>,
+    /// Locks acquired fresh in this frame: the scoped acquisition that opened it, then plain
+    /// `acquire()`s made in its body, innermost last.
+    holds: Mutex<ChainHolds>,
+}
+
+impl Frame {
+    /// A fresh frame id, taken before the acquisition that opens the frame.
+    pub(crate) fn next_id() -> u64 {
+        NEXT_FRAME.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A frame below `parent`, holding `held` if the call that opens it acquired fresh.
+    pub(crate) fn new(id: u64, parent: Option<Arc<Frame>>, held: Option<Arc<Held>>) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            parent,
+            holds: Mutex::new(ChainHolds {
+                first: held,
+                more: Vec::new(),
+            }),
+        })
+    }
+
+    /// This frame, then its callers' frames.
+    fn lineage(&self) -> impl Iterator<Item = &Frame> {
+        std::iter::successors(Some(self), |f| f.parent.as_deref())
+    }
+
+    /// Whether the frame `id` is this one or one of its callers.
+    pub(crate) fn descends_from(&self, id: u64) -> bool {
+        self.lineage().any(|f| f.id == id)
+    }
+
+    /// The innermost hold of `key` in `runtime` visible from this frame.
+    pub(crate) fn find(&self, runtime: u64, key: &str) -> Option<Arc<Held>> {
+        self.lineage()
+            .find_map(|f| f.lock_holds().find(runtime, key))
+    }
+
+    pub(crate) fn push(&self, held: Arc<Held>) {
+        self.lock_holds().push(held);
+    }
+
+    /// Forgets the innermost occurrence of `held` in this frame.
+    pub(crate) fn remove(&self, held: &Arc<Held>) {
+        self.lock_holds().remove(held);
+    }
+
+    fn lock_holds(&self) -> std::sync::MutexGuard<'_, ChainHolds> {
+        // Nothing panics while holding it; a poisoned lock still holds consistent data.
+        self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The holds of one frame, innermost last. The first lives inline: a frame opened by a
+/// scoped acquisition never allocates for it.
 #[derive(Default)]
-pub(crate) struct ChainHolds {
+struct ChainHolds {
     first: Option<Arc<Held>>,
     more: Vec<Arc<Held>>,
 }
 
 impl ChainHolds {
     /// Innermost first.
-    pub(crate) fn iter_rev(&self) -> impl Iterator<Item = &Arc<Held>> {
+    fn iter_rev(&self) -> impl Iterator<Item = &Arc<Held>> {
         self.more.iter().rev().chain(self.first.iter())
     }
 
-    pub(crate) fn find(&self, runtime: u64, key: &str) -> Option<Arc<Held>> {
+    fn find(&self, runtime: u64, key: &str) -> Option<Arc<Held>> {
         self.iter_rev()
             .find(|h| h.core.id == runtime && h.key == key)
             .cloned()
     }
 
-    pub(crate) fn push(&mut self, held: Arc<Held>) {
+    fn push(&mut self, held: Arc<Held>) {
         if self.first.is_none() && self.more.is_empty() {
             self.first = Some(held);
         } else {
@@ -50,21 +117,17 @@ impl ChainHolds {
     }
 }
 
-/// Whether this task is inside a call chain.
-pub(crate) fn in_chain() -> bool {
-    CHAIN.try_with(|_| ()).is_ok()
+/// The innermost frame of the running call chain, if any.
+pub(crate) fn current_frame() -> Option<Arc<Frame>> {
+    CHAIN.try_with(Arc::clone).ok()
 }
 
-/// Runs `fut` as a new call chain (a plain function: an `async fn` would store `fut` twice).
-pub(crate) fn new_chain<F: Future>(
+/// Runs `fut` in `frame` (a plain function: an `async fn` would store `fut` twice).
+pub(crate) fn enter<F: Future>(
+    frame: Arc<Frame>,
     fut: F,
-) -> tokio::task::futures::TaskLocalFuture<RefCell<ChainHolds>, F> {
-    CHAIN.scope(RefCell::default(), fut)
-}
-
-/// Forgets the innermost occurrence of `held` in the current chain (no-op elsewhere).
-pub(crate) fn leave_chain(held: &Arc<Held>) {
-    let _ = CHAIN.try_with(|c| c.borrow_mut().remove(held));
+) -> tokio::task::futures::TaskLocalFuture<Arc<Frame>, F> {
+    CHAIN.scope(frame, fut)
 }
 
 /// The fencing token of the innermost lock held by this call chain, if any.
@@ -85,12 +148,15 @@ pub(crate) fn leave_chain(held: &Arc<Held>) {
 /// ```
 pub fn current_fence() -> Option<u64> {
     CHAIN
-        .try_with(|c| {
-            c.borrow()
-                .iter_rev()
-                .find(|h| h.is_held())
-                .and_then(|h| h.fence)
+        .try_with(|frame| {
+            frame.lineage().find_map(|f| {
+                f.lock_holds()
+                    .iter_rev()
+                    .find(|h| h.is_held())
+                    .map(|h| h.fence)
+            })
         })
         .ok()
+        .flatten()
         .flatten()
 }

@@ -10,6 +10,7 @@ use tokio::task::futures::TaskLocalFuture;
 
 use crate::LockError;
 use crate::backend::{DynBackend, Released};
+use crate::last_resort::{self, LastResort};
 use crate::wait::WaitHub;
 use crate::watchdog::Watchdog;
 
@@ -31,6 +32,10 @@ pub(crate) struct Core {
     pub(crate) default_lease: Duration,
     pub(crate) default_wait: Duration,
     pub(crate) engine: &'static str,
+    /// Bound on each engine call.
+    pub(crate) timeout: Duration,
+    /// Releases without `handle`, once its tokio runtime is gone.
+    pub(crate) last_resort: LastResort,
 }
 
 impl Drop for Core {
@@ -79,35 +84,91 @@ pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockErro
     Ok(())
 }
 
-/// Releases `owner`'s hold on `key` from a spawned task (Drop, cancellation).
+/// Releases `owner`'s hold on `key` from a spawned task (Drop, cancellation). If that task is
+/// dropped before it finishes (its tokio runtime shuts down, or is already gone), the release
+/// runs on the [last resort](crate::last_resort) instead.
 pub(crate) fn release_in_background(core: Arc<Core>, key: String, owner: String) {
+    spawn_release(core, key, owner, false);
+}
+
+fn spawn_release(core: Arc<Core>, key: String, owner: String, compensating: bool) {
     let handle = core.handle.clone();
+    let pending = PendingRelease {
+        core,
+        key,
+        owner,
+        finished: false,
+    };
     handle.spawn(async move {
-        // Retried a few times: a release that fails leaves the lock until its lease ends.
-        let mut delay = Duration::from_millis(100);
-        for attempt in 1..=BACKGROUND_RELEASE_ATTEMPTS {
-            match core.backend.release(&key, &owner).await {
-                Ok(Released::Freed) => {
-                    tracing::debug!(key = %key, "lock released in the background");
-                    core.hub.wake(&key);
-                    return;
+        let (core, key, owner) = (&pending.core, &pending.key, &pending.owner);
+        let mut found = release_with_retries(core, key, owner).await;
+        if compensating {
+            for wait in [core.timeout, core.timeout * 2] {
+                if found {
+                    break;
                 }
-                Ok(Released::NotOwner) => {
-                    core.hub.wake(&key);
-                    return;
-                }
-                Ok(Released::StillHeld) => return,
-                Err(err) if attempt < BACKGROUND_RELEASE_ATTEMPTS => {
-                    tracing::debug!(key = %key, error = %err, "background release failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                }
-                Err(err) => {
-                    tracing::warn!(key = %key, error = %err, "background release failed; the lock expires with its lease");
+                tokio::time::sleep(wait).await;
+                found = release_with_retries(core, key, owner).await;
+                if found {
+                    tracing::debug!(key = %key, "an acquire that landed after its compensating release was undone");
                 }
             }
         }
+        pending.finish();
     });
+}
+
+/// A background release; if dropped unfinished, hands over to the last resort.
+struct PendingRelease {
+    core: Arc<Core>,
+    key: String,
+    owner: String,
+    finished: bool,
+}
+
+impl PendingRelease {
+    /// Done (released, or given up after its retries): nothing for the last resort.
+    fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for PendingRelease {
+    fn drop(&mut self) {
+        if !self.finished {
+            last_resort::release(&self.core, &self.key, &self.owner);
+        }
+    }
+}
+
+/// Retried a few times: a release that fails leaves the lock until its lease ends. `false`
+/// when the engine had nothing of `owner`'s.
+async fn release_with_retries(core: &Core, key: &str, owner: &str) -> bool {
+    let mut delay = Duration::from_millis(100);
+    for attempt in 1..=BACKGROUND_RELEASE_ATTEMPTS {
+        match core.backend.release(key, owner).await {
+            Ok(Released::Freed) => {
+                tracing::debug!(key = %key, "lock released in the background");
+                core.hub.wake(key);
+                return true;
+            }
+            Ok(Released::NotOwner) => {
+                core.hub.wake(key);
+                return false;
+            }
+            Ok(Released::StillHeld) => return true,
+            Err(err) if attempt < BACKGROUND_RELEASE_ATTEMPTS => {
+                tracing::debug!(key = %key, error = %err, "background release failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(err) => {
+                tracing::warn!(key = %key, error = %err, "background release failed; the lock expires with its lease");
+            }
+        }
+    }
+    // Given up: looking again would not help.
+    true
 }
 
 /// Until disarmed, schedules an owner-checked release of `owner`'s hold on `key` when dropped:
@@ -118,6 +179,8 @@ pub(crate) struct ReleaseOnDrop<'a> {
     key: &'a str,
     owner: &'a str,
     armed: bool,
+    /// Undoes an acquire request (which may land late) rather than finishing a release.
+    compensating: bool,
 }
 
 impl<'a> ReleaseOnDrop<'a> {
@@ -127,6 +190,24 @@ impl<'a> ReleaseOnDrop<'a> {
             key,
             owner,
             armed: true,
+            compensating: false,
+        }
+    }
+
+    /// Until disarmed, undoes the acquire request of `owner` on `key` when dropped. The
+    /// request may still land after this release (a reconnect resends nothing, but a Cluster
+    /// redirect or a slow socket can deliver it late): when the release finds nothing of
+    /// `owner`'s, it looks again after the runtime's `timeout` and after three, by when every
+    /// request of that owner has been answered or given up. A late acquire therefore keeps
+    /// the key for about the runtime's `timeout` at most, not for its lease.
+    pub(crate) fn compensate(core: &'a Arc<Core>, key: &'a str, owner: &'a str) -> Self {
+        // Not `..Self::new(..)`: that would make (and drop, armed) a second value.
+        Self {
+            core,
+            key,
+            owner,
+            armed: true,
+            compensating: true,
         }
     }
 
@@ -139,11 +220,47 @@ impl<'a> ReleaseOnDrop<'a> {
 impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed {
-            release_in_background(
+            spawn_release(
                 self.core.clone(),
                 self.key.to_owned(),
                 self.owner.to_owned(),
+                self.compensating,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Runtime;
+    use crate::backend::Attempt;
+
+    /// A compensating release that reaches the engine before the acquire it undoes (which
+    /// then lands): the key is freed within a few `timeout`s, not held for the 30 s lease.
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_landing_after_its_compensation_is_undone() {
+        let rt = Runtime::builder()
+            .memory()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .await
+            .expect("memory runtime");
+        let core = rt.core.clone();
+        drop(ReleaseOnDrop::compensate(&core, "k", "late"));
+        // The compensation runs first and finds nothing; then the request lands.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let landed = core
+            .backend
+            .try_acquire("k", "late", Duration::from_secs(30))
+            .await
+            .expect("acquire");
+        assert!(matches!(landed, Attempt::Acquired { .. }), "{landed:?}");
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        let locked = core.backend.is_locked("k").await.expect("is_locked");
+        assert!(
+            !locked,
+            "the late acquire kept the key past its compensation"
+        );
     }
 }

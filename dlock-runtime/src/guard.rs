@@ -2,12 +2,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use crate::LockError;
 use crate::backend::Released;
-use crate::chain::leave_chain;
+use crate::chain::Frame;
 use crate::core::{ReleaseOnDrop, release_in_background};
 use crate::held::Held;
 
@@ -18,14 +17,25 @@ use crate::held::Held;
 /// tokio handle right away, so the next waiter gets the lock within milliseconds rather than
 /// after the lease.
 ///
-/// Guards of reentrant acquisitions share one hold in the engine: only the last one out
-/// releases it.
+/// Guards of reentrant acquisitions share the hold of the first one, which alone releases it
+/// in the engine: a reentrant guard never outlives it. If one is kept past the end of the
+/// first (returned from the call chain, or moved to another task), it reports the lock lost
+/// from then on ([`is_lost`](LockGuard::is_lost), [`lost`](LockGuard::lost), and its
+/// `release` returns [`LockError::Lost`]) instead of keeping the key locked.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     held: Arc<Held>,
-    /// Registered in the call chain of the task that acquired it.
-    in_chain: bool,
+    role: Role,
     active: bool,
+}
+
+/// How a guard came to hold its lock.
+enum Role {
+    /// Acquired from the engine; registered in `frame` when taken by a plain `acquire()` in a
+    /// call chain. Its exit releases the lock.
+    First { frame: Option<Arc<Frame>> },
+    /// Re-entered a hold of its call chain; `scope` is the frame of a scoped re-entry.
+    Reentrant { scope: Option<u64> },
 }
 
 impl fmt::Debug for LockGuard {
@@ -39,38 +49,40 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(held: Arc<Held>, in_chain: bool) -> Self {
+    /// The guard of a fresh acquisition (registered in `frame`, if any).
+    pub(crate) fn first(held: Arc<Held>, frame: Option<Arc<Frame>>) -> Self {
         Self {
             held,
-            in_chain,
+            role: Role::First { frame },
             active: true,
         }
     }
 
+    /// The guard of a re-entry (scoped: it opened the frame `scope`).
+    pub(crate) fn reentrant(held: Arc<Held>, scope: Option<u64>) -> Self {
+        Self {
+            held,
+            role: Role::Reentrant { scope },
+            active: true,
+        }
+    }
+
+    /// Whether this guard acquired from the engine (not a re-entry).
+    pub(crate) fn is_first(&self) -> bool {
+        matches!(self.role, Role::First { .. })
+    }
+
+    pub(crate) fn held(&self) -> &Arc<Held> {
+        &self.held
+    }
+
     /// Runs `fut` until it completes (`Some`) or the lease is known lost (`None`, `fut`
-    /// dropped). Watches the lost signal only once `fut` has to wait, so a body that completes
-    /// at once costs nothing extra.
+    /// dropped): see [`LostSignal::run_unless_lost`].
     pub(crate) async fn run_unless_lost<F: std::future::Future>(
         &self,
         fut: F,
     ) -> Option<F::Output> {
-        let signal = &self.held.lost;
-        tokio::pin!(fut);
-        let mut watching = None;
-        std::future::poll_fn(|cx| {
-            if signal.is_lost() {
-                return Poll::Ready(None);
-            }
-            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
-                return Poll::Ready(Some(out));
-            }
-            let lost = watching.get_or_insert_with(|| signal.watch());
-            if lost.as_mut().poll(cx).is_ready() || signal.is_lost() {
-                return Poll::Ready(None);
-            }
-            Poll::Pending
-        })
-        .await
+        self.held.lost.run_unless_lost(fut).await
     }
 
     /// The key (without the runtime's prefix).
@@ -131,7 +143,8 @@ impl LockGuard {
         } else {
             drop(finish);
         }
-        if held.lost.is_lost() {
+        // The lease itself, not reentrant guards kept past this one (orphaned, not lost).
+        if held.lost.lease_lost() {
             // The lease had been lost while held (whatever the release found: what was left of
             // it, nothing, or an engine that expired the session): the caller must know its
             // critical section was not protected.
@@ -158,16 +171,22 @@ impl LockGuard {
         }
     }
 
-    /// Drops this guard's hold; `true` when it was the last (the engine must be told).
+    /// Drops this guard's hold; `true` for the first guard (the engine must be told).
     fn leave(&mut self) -> bool {
-        if self.in_chain {
-            leave_chain(&self.held);
+        match &self.role {
+            Role::First { frame } => {
+                if let Some(frame) = frame {
+                    frame.remove(&self.held);
+                }
+                self.held.end();
+                self.held.core.watchdog.unregister(self.held.watchdog_id);
+                true
+            }
+            Role::Reentrant { scope } => {
+                self.held.leave(*scope);
+                false
+            }
         }
-        let last = self.held.drop_hold();
-        if last {
-            self.held.core.watchdog.unregister(self.held.watchdog_id);
-        }
-        last
     }
 }
 

@@ -3,7 +3,10 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::chain::Frame;
 
 use crate::core::Core;
 use crate::watchdog::LostSignal;
@@ -16,9 +19,41 @@ pub(crate) struct Held {
     pub(crate) fence: Option<u64>,
     pub(crate) lost: Arc<LostSignal>,
     pub(crate) watchdog_id: u64,
-    /// Live guards; the last one out releases in the engine. Zero means released (or being
-    /// released): nobody may re-enter then.
-    holds: Mutex<usize>,
+    /// The frame that acquired it (0: none, outside any call chain).
+    frame: u64,
+    holds: Mutex<Holds>,
+    /// Woken when a scoped re-entry ends or the hold ends: a sibling may take its turn.
+    turn: Notify,
+}
+
+/// The guards of one acquisition.
+struct Holds {
+    /// Live guards. Zero means released (or being released): nobody may re-enter then.
+    count: usize,
+    /// Frames of the scoped re-entries in progress, innermost last. Only the innermost (else
+    /// the acquiring frame) and the frames it called may re-enter: concurrent branches of one
+    /// body take turns.
+    nested: Vec<u64>,
+}
+
+/// The outcome of asking to re-enter a hold.
+pub(crate) enum Reentry {
+    /// A hold was added.
+    Entered,
+    /// A concurrent branch of the chain is inside it: wait for [`Held::turn`].
+    Busy,
+    /// Released: acquire fresh.
+    Ended,
+}
+
+/// What an acquisition asks for, besides its key and owner.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Terms {
+    pub(crate) lease: Duration,
+    /// Whether the watchdog renews the lease.
+    pub(crate) renew: bool,
+    /// The call-chain frame that will use the hold (0: none).
+    pub(crate) frame: u64,
 }
 
 impl Held {
@@ -27,10 +62,14 @@ impl Held {
         key: String,
         owner: String,
         fence: Option<u64>,
-        lease: Duration,
-        renew: bool,
+        terms: Terms,
         sent_at: Instant,
     ) -> Arc<Self> {
+        let Terms {
+            lease,
+            renew,
+            frame,
+        } = terms;
         // Checked when the lock was requested; counting on nothing is the safe answer otherwise.
         let drift = core.backend.lease_margin(lease).unwrap_or(lease);
         let (watchdog_id, lost) = core
@@ -44,29 +83,76 @@ impl Held {
             fence,
             lost,
             watchdog_id,
-            holds: Mutex::new(1),
+            frame,
+            holds: Mutex::new(Holds {
+                count: 1,
+                nested: Vec::new(),
+            }),
+            turn: Notify::new(),
         })
     }
 
-    /// Adds a reentrant hold; `false` when the lock is already released.
-    pub(crate) fn add_hold(&self) -> bool {
-        let mut holds = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
-        if *holds == 0 {
-            return false;
+    fn holds(&self) -> std::sync::MutexGuard<'_, Holds> {
+        // Nothing panics while holding it; a poisoned lock still holds consistent data.
+        self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a reentrant hold for code running in `from`, if it is the innermost user's frame
+    /// or called from it. `scope` is the frame a scoped re-entry opens (it becomes the
+    /// innermost user until [`leave`](Held::leave) with the same scope).
+    pub(crate) fn reenter(&self, from: &Frame, scope: Option<u64>) -> Reentry {
+        let mut holds = self.holds();
+        if holds.count == 0 {
+            return Reentry::Ended;
         }
-        *holds += 1;
-        true
+        let user = holds.nested.last().copied().unwrap_or(self.frame);
+        if !from.descends_from(user) {
+            return Reentry::Busy;
+        }
+        holds.count += 1;
+        if let Some(scope) = scope {
+            holds.nested.push(scope);
+        }
+        Reentry::Entered
     }
 
-    /// Whether some guard still holds it.
+    /// A future that resolves when a concurrent branch may have left the hold. Enabled: a
+    /// wake-up between this call and the next [`reenter`](Held::reenter) is not lost.
+    pub(crate) fn turn(&self) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+        let mut notified = Box::pin(self.turn.notified());
+        notified.as_mut().enable();
+        notified
+    }
+
+    /// Drops a reentrant hold (and ends the scoped re-entry `scope`).
+    pub(crate) fn leave(&self, scope: Option<u64>) {
+        let mut holds = self.holds();
+        holds.count = holds.count.saturating_sub(1);
+        if let Some(scope) = scope {
+            if let Some(i) = holds.nested.iter().rposition(|&f| f == scope) {
+                holds.nested.remove(i);
+            }
+            drop(holds);
+            self.turn.notify_waiters();
+        }
+    }
+
+    /// Ends the acquisition (its first guard left): nobody may re-enter, and a reentrant guard
+    /// still alive (moved out of the chain) reports the lock lost from now on.
+    pub(crate) fn end(&self) {
+        let mut holds = self.holds();
+        let orphans = holds.count > 1;
+        holds.count = 0;
+        holds.nested.clear();
+        drop(holds);
+        if orphans {
+            self.lost.orphan();
+        }
+        self.turn.notify_waiters();
+    }
+
+    /// Whether the acquisition is still in force.
     pub(crate) fn is_held(&self) -> bool {
-        *self.holds.lock().unwrap_or_else(PoisonError::into_inner) > 0
-    }
-
-    /// Drops one hold; `true` when it was the last (the caller releases in the engine).
-    pub(crate) fn drop_hold(&self) -> bool {
-        let mut holds = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
-        *holds = holds.saturating_sub(1);
-        *holds == 0
+        self.holds().count > 0
     }
 }

@@ -5,11 +5,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::LockError;
-use crate::acquire::acquire_fresh;
-use crate::chain::{CHAIN, in_chain, new_chain};
+use crate::acquire::{FOREVER, acquire_fresh};
+use crate::chain::{Frame, current_frame, enter};
 use crate::core::{Core, validate_lease};
 use crate::guard::LockGuard;
+use crate::held::{Held, Reentry, Terms};
 
 /// What to do when the lease is lost while the protected code runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,48 +127,126 @@ impl LockBuilder {
     ///
     /// Inside a call chain (an annotated call or [`with_lock`]) that already holds this key in
     /// the same runtime, re-enters: the hold count grows, the fence stays, nothing is sent to
-    /// the engine, and the returned guard's release leaves the outer hold in place.
+    /// the engine, and the returned guard's release leaves the outer hold in place. The
+    /// returned guard must not outlive the hold it re-entered (see [`LockGuard`]).
     ///
     /// Errors: [`LockError::Timeout`] when still busy at the deadline, [`LockError::Backend`]
-    /// when the engine fails, [`LockError::InvalidConfig`] for an empty key or a bad lease,
-    /// [`LockError::NotInstalled`] without a runtime, [`LockError::Lost`] when re-entering a
-    /// hold whose lease is already lost.
+    /// when the engine fails, [`LockError::InvalidConfig`] for an empty or too long key (see
+    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN)) or a bad lease, [`LockError::NotInstalled`]
+    /// without a runtime, [`LockError::Lost`] when re-entering a hold whose lease is already
+    /// lost.
     ///
     /// Cancel-safe: dropping the future while it waits or while the request is in flight
     /// leaves no lock behind (a compensating owner-checked release is sent).
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
+        let frame = current_frame();
+        self.acquire_in(frame.as_ref(), None).await
+    }
+
+    /// Acquires from the call-chain frame `frame` (none: outside any chain). `scope` is the
+    /// frame that a scoped acquisition (`with_lock`, the attribute) opens for its body: a
+    /// re-entry makes it the hold's innermost user, so that concurrent branches take turns.
+    async fn acquire_in(
+        self,
+        frame: Option<&Arc<Frame>>,
+        scope: Option<u64>,
+    ) -> Result<LockGuard, LockError> {
         let core = match self.rt {
             Some(core) => core,
             None => crate::core::current()?,
         };
-        if self.key.is_empty() {
-            return Err(LockError::config("lock key is empty"));
-        }
+        validate_key(&self.key)?;
         let lease = self.lease.unwrap_or(core.default_lease);
         validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
         core.backend.lease_margin(lease)?;
         let wait = self.wait.unwrap_or(core.default_wait);
+        let started = Instant::now();
+        let deadline = started + wait.min(FOREVER);
 
-        // One task-local lookup: `Err` outside any call chain, else the hold to re-enter.
-        let reentry = CHAIN.try_with(|c| c.borrow().find(core.id, &self.key));
-        let in_chain = reentry.is_ok();
-        if let Ok(Some(held)) = reentry
-            && held.add_hold()
+        if let Some(frame) = frame
+            && let Some(held) = frame.find(core.id, &self.key)
+            && let Some(guard) = reenter(held, frame, scope, started, deadline).await?
         {
-            if held.lost.is_lost() {
-                held.drop_hold();
-                return Err(LockError::Lost { key: self.key });
+            return Ok(guard);
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        // The frame that uses the hold: the one a scoped acquisition opens, else the caller's.
+        let user = scope.or(frame.map(|f| f.id)).unwrap_or(0);
+        let terms = Terms {
+            lease,
+            renew: self.watchdog,
+            frame: user,
+        };
+        let held = acquire_fresh(&core, self.key, terms, wait).await?;
+        // A scoped acquisition's frame is made around the hold by the caller.
+        let frame = match scope {
+            Some(_) => None,
+            None => frame.cloned(),
+        };
+        if let Some(frame) = &frame {
+            frame.push(held.clone());
+        }
+        Ok(LockGuard::first(held, frame))
+    }
+}
+
+/// Checks a key before any I/O.
+fn validate_key(key: &str) -> Result<(), LockError> {
+    if key.is_empty() {
+        return Err(LockError::config("lock key is empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(LockError::config(format!(
+            "lock key of {} bytes is longer than the maximum of {MAX_KEY_LEN} bytes",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The longest key a lock accepts, in bytes (UTF-8). Longer keys are
+/// [`LockError::InvalidConfig`] before any request is sent: every engine stores the key (with
+/// the runtime's prefix) in its own names, and a name this long is almost always a bug (a
+/// whole request body interpolated into the key).
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Re-enters `held` from `frame`, taking turns with concurrent branches of the chain until
+/// `deadline`. `None` when the hold ended meanwhile (acquire fresh).
+async fn reenter(
+    held: Arc<Held>,
+    frame: &Frame,
+    scope: Option<u64>,
+    started: Instant,
+    deadline: Instant,
+) -> Result<Option<LockGuard>, LockError> {
+    // Registered before the check that finds the hold busy, so no wake-up is missed.
+    let mut turn = None;
+    loop {
+        match held.reenter(frame, scope) {
+            Reentry::Entered => {
+                let guard = LockGuard::reentrant(held.clone(), scope);
+                if guard.is_lost() {
+                    let key = guard.key().to_owned();
+                    drop(guard);
+                    return Err(LockError::Lost { key });
+                }
+                tracing::trace!(key = %guard.key(), "lock re-entered");
+                return Ok(Some(guard));
             }
-            CHAIN.with(|c| c.borrow_mut().push(held.clone()));
-            tracing::trace!(key = %held.key, "lock re-entered");
-            return Ok(LockGuard::new(held, true));
+            Reentry::Ended => return Ok(None),
+            Reentry::Busy => match turn.take() {
+                None => turn = Some(held.turn()),
+                Some(turn) => {
+                    tracing::trace!(key = %held.key, "a concurrent branch of the call chain holds the lock; waiting for its turn");
+                    if tokio::time::timeout_at(deadline, turn).await.is_err() {
+                        return Err(LockError::Timeout {
+                            key: held.key.clone(),
+                            waited: started.elapsed(),
+                        });
+                    }
+                }
+            },
         }
-        let held = acquire_fresh(&core, self.key, lease, wait, self.watchdog).await?;
-        if in_chain {
-            // Still inside the same task-local scope after the await.
-            let _ = CHAIN.try_with(|c| c.borrow_mut().push(held.clone()));
-        }
-        Ok(LockGuard::new(held, in_chain))
     }
 }
 
@@ -178,7 +259,13 @@ impl LockBuilder {
 /// a release the engine fails to answer is logged (the lock then expires with its lease).
 /// On panic or cancellation the release is scheduled from `Drop`.
 ///
-/// Nested calls on the same key in the same chain re-enter.
+/// Nested calls on the same key in the same chain re-enter. Concurrent branches of one body
+/// (`join!`, `join_all`, `select!`) are not nested in each other: each takes the key in turn
+/// (a branch that finds its caller holding the key waits until its sibling's call on that key
+/// returns, within its `wait`), so two bodies under one key never run at once. Guards from
+/// plain [`acquire`](LockBuilder::acquire) have no extent of their own: two branches of one
+/// body that both `acquire()` a key their caller holds share that hold, so give each branch
+/// its own `with_lock` (or annotated call) when they must exclude each other.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -196,20 +283,20 @@ impl LockBuilder {
 /// # Ok(()) }
 /// ```
 pub async fn with_lock<T>(lock: LockBuilder, fut: impl Future<Output = T>) -> Result<T, LockError> {
-    if in_chain() {
-        protected(lock, fut).await
-    } else {
-        new_chain(protected(lock, fut)).await
-    }
+    protected(lock, fut).await
 }
 
-/// [`with_lock`] inside a call chain.
+/// [`with_lock`]: acquires from the current frame, then runs `fut` in a frame of its own.
 pub(crate) async fn protected<T>(
     lock: LockBuilder,
     fut: impl Future<Output = T>,
 ) -> Result<T, LockError> {
     let on_lost = lock.on_lost;
-    let guard = lock.acquire().await?;
+    let parent = current_frame();
+    let scope = Frame::next_id();
+    let guard = lock.acquire_in(parent.as_ref(), Some(scope)).await?;
+    let fresh = guard.is_first().then(|| guard.held().clone());
+    let fut = enter(Frame::new(scope, parent, fresh), fut);
     let out = match on_lost {
         OnLost::Cancel => match guard.run_unless_lost(fut).await {
             Some(out) => out,

@@ -2,17 +2,19 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Resolves the holders of one lock once its lease is known lost.
 /// The lease state of one held lock, shared by its guards and the watchdog: the lost signal
 /// and the confirmed validity.
 #[derive(Debug)]
 pub(crate) struct LostSignal {
     lost: AtomicBool,
+    /// The acquisition ended while reentrant guards were still alive: to them it is lost.
+    orphaned: AtomicBool,
     notify: Arc<Notify>,
     /// Reference point for `valid_nanos`.
     base: Instant,
@@ -24,6 +26,7 @@ impl Default for LostSignal {
     fn default() -> Self {
         Self {
             lost: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
             notify: Arc::default(),
             base: Instant::now(),
             valid_nanos: AtomicU64::new(0),
@@ -52,7 +55,21 @@ impl LostSignal {
         self.notify.notify_waiters();
     }
 
+    /// The acquisition ended under guards that re-entered it: they count it lost, though the
+    /// lease itself was not.
+    pub(crate) fn orphan(&self) {
+        self.orphaned.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Whether the lock no longer protects its guards: the lease was lost, or (for a reentrant
+    /// guard that outlived it) the acquisition ended.
     pub(crate) fn is_lost(&self) -> bool {
+        self.lease_lost() || self.orphaned.load(Ordering::Acquire)
+    }
+
+    /// Whether the lease was lost in the engine (or on the local clock).
+    pub(crate) fn lease_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
 
@@ -66,6 +83,41 @@ impl LostSignal {
         notified
     }
 
+    /// Whether the confirmed validity has run out on the local clock, although the watchdog
+    /// has not said so yet (it runs as a task of its own: after the process was stopped, or
+    /// under load, it may not have run since).
+    fn expired(&self) -> bool {
+        let until = self.base + Duration::from_nanos(self.valid_nanos.load(Ordering::Acquire));
+        Instant::now() >= until
+    }
+
+    /// Runs `fut` until it completes (`Some`) or the lease is known lost (`None`, `fut`
+    /// dropped). Before each poll of `fut` the confirmed validity is checked on the local
+    /// clock, so a body never takes another step once it ran out, even if the watchdog has
+    /// not run yet (a process resumed after a pause). Watches the lost signal only once `fut`
+    /// has to wait, so a body that completes at once costs nothing extra.
+    pub(crate) async fn run_unless_lost<F: std::future::Future>(
+        &self,
+        fut: F,
+    ) -> Option<F::Output> {
+        tokio::pin!(fut);
+        let mut watching = None;
+        std::future::poll_fn(|cx| {
+            if self.is_lost() || self.expired() {
+                return Poll::Ready(None);
+            }
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(out));
+            }
+            let lost = watching.get_or_insert_with(|| self.watch());
+            if lost.as_mut().poll(cx).is_ready() || self.is_lost() {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
     pub(crate) async fn wait(&self) {
         loop {
             let notified = self.notify.notified();
@@ -76,5 +128,30 @@ impl LostSignal {
             }
             notified.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body resumed after its validity ran out (the process was stopped; the watchdog has not
+    /// run since) takes no further step.
+    #[tokio::test(start_paused = true)]
+    async fn no_step_after_the_validity_ran_out_even_before_the_watchdog_runs() {
+        let signal = LostSignal::default();
+        signal.set_valid_until(Instant::now() + Duration::from_secs(1));
+        let steps = std::sync::atomic::AtomicU32::new(0);
+        let body = async {
+            for _ in 0..10 {
+                steps.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+        };
+        let out = signal.run_unless_lost(body).await;
+        assert!(out.is_none());
+        assert!(!signal.is_lost(), "nobody fired the signal");
+        // Steps at 0, 400 and 800 ms; none at 1200 ms.
+        assert_eq!(steps.load(Ordering::SeqCst), 3);
     }
 }

@@ -47,7 +47,8 @@ pub const TICK_TIME_MS: u64 = 200;
 /// The shortest session timeout the server grants (2 ticks); shorter requests are raised.
 pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(2 * TICK_TIME_MS);
 
-/// The longest session timeout the server grants; longer requests are lowered.
+/// The longest session timeout the server grants by default; longer requests are lowered
+/// (see [`ZooKeeperServer::start_with_max_session_timeout`] for a smaller limit).
 pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The Debian `zookeeper` package's server jar; its manifest's `Class-Path` names the rest.
@@ -90,12 +91,23 @@ impl ZooKeeperServer {
     ///
     /// Panics with installation advice when `java` or the ZooKeeper jars are missing.
     pub fn start() -> ZooKeeperServer {
+        Self::start_with_max_session_timeout(MAX_SESSION_TIMEOUT)
+    }
+
+    /// Like [`start`](Self::start), but the server grants sessions of at most `max` (its
+    /// `maxSessionTimeout`; ZooKeeper's own default is 20 ticks): a client asking for more
+    /// gets `max`. [`restart`](Self::restart) keeps the limit.
+    pub fn start_with_max_session_timeout(max: Duration) -> ZooKeeperServer {
+        assert!(
+            max >= MIN_SESSION_TIMEOUT,
+            "maxSessionTimeout {max:?} below minSessionTimeout {MIN_SESSION_TIMEOUT:?}"
+        );
         let java = java_binary();
         let classpath = server_classpath();
         let dir = temp_dir("dlock-zookeeper-");
         let (process, port) = start_on_free_ports("zookeeper", 1, |ports| {
             let port = ports[0];
-            let mut process = server_process(&java, &classpath, dir.path(), port)?;
+            let mut process = server_process(&java, &classpath, dir.path(), port, max)?;
             process.start().map(|()| (process, port))
         });
         ZooKeeperServer { process, port, dir }
@@ -164,6 +176,7 @@ fn server_process(
     classpath: &str,
     dir: &Path,
     port: u16,
+    max_session_timeout: Duration,
 ) -> Result<TestProcess, StartError> {
     let data_dir = dir.join("data");
     let config = format!(
@@ -178,7 +191,7 @@ fn server_process(
          preAllocSize=4096\n\
          forceSync=no\n",
         MIN_SESSION_TIMEOUT.as_millis(),
-        MAX_SESSION_TIMEOUT.as_millis(),
+        max_session_timeout.as_millis(),
         data_dir.display(),
     );
     let config_path = dir.join("zoo.cfg");

@@ -1112,3 +1112,83 @@ async fn unreachable_endpoints_are_backend_errors_within_the_timeout() {
     assert!(took < bound, "took {took:?}");
     blocking(|| etcd.resume());
 }
+
+// ---------------------------------------------------------------------------------------------
+// The engine down and back
+// ---------------------------------------------------------------------------------------------
+
+/// The engine killed while a lock is held: the body is cancelled with `Lost` within the lease
+/// (nothing can confirm a renewal). Waiters queued meanwhile keep trying within their budget,
+/// and once the engine is restarted (same data) every one of them gets the lock in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_killed_while_held_is_lost_within_the_lease_and_waiters_acquire_after_its_restart() {
+    const LEASE: Duration = Duration::from_secs(3);
+    const WAITERS: usize = 3;
+    let mut etcd = EtcdServer::start();
+    let holder = runtime(etcd.cluster()).await;
+    let others = runtime(etcd.cluster()).await;
+    let key = "etcd:engine-down";
+    let (acquired_tx, acquired_rx) = tokio::sync::oneshot::channel();
+    let body = tokio::spawn({
+        let holder = holder.clone();
+        async move {
+            let lock = holder.lock(key).lease(LEASE);
+            holder
+                .scope(with_lock(lock, async move {
+                    acquired_tx.send(()).ok();
+                    std::future::pending::<()>().await
+                }))
+                .await
+        }
+    });
+    acquired_rx.await.expect("the holder acquired");
+    let held_once = Arc::new(Mutex::new(Vec::new()));
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let (others, held_once) = (others.clone(), held_once.clone());
+            tokio::spawn(async move {
+                let lock = others.lock(key).lease(LEASE).wait(Duration::from_secs(40));
+                let out = others
+                    .scope(with_lock(lock, async {
+                        held_once.lock().expect("list").push(i);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }))
+                    .await;
+                (i, out)
+            })
+        })
+        .collect();
+    wait_for_queue(etcd.cluster(), key, 1 + WAITERS, Duration::from_secs(10)).await;
+    etcd.kill9();
+    let killed = Instant::now();
+    let outcome = tokio::time::timeout(LEASE + Duration::from_secs(5), body)
+        .await
+        .expect("the body must end once the lease cannot be confirmed")
+        .expect("the holder task");
+    let lost_after = killed.elapsed();
+    println!("etcd killed: holder's body ended with {outcome:?} after {lost_after:?}");
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "expected Err(Lost), got {outcome:?}"
+    );
+    assert!(
+        lost_after <= LEASE + Duration::from_millis(700),
+        "lost {lost_after:?} after the kill: later than the lease ({LEASE:?})"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    etcd.restart();
+    let restarted = Instant::now();
+    for waiter in waiters {
+        let (i, out) = tokio::time::timeout(Duration::from_secs(40), waiter)
+            .await
+            .expect("a waiter must finish within its budget")
+            .expect("the waiter task");
+        assert!(out.is_ok(), "waiter {i} after the restart: {out:?}");
+    }
+    println!(
+        "every waiter held the lock within {:?} of the restart, in order {:?}",
+        restarted.elapsed(),
+        held_once.lock().expect("list")
+    );
+    assert_eq!(held_once.lock().expect("list").len(), WAITERS);
+}

@@ -915,3 +915,280 @@ async fn release_a_node_missed_is_retried_in_the_background() {
     )
     .await;
 }
+
+/// Options of the runtimes in the restart tests: the relaxed node timeout plus `set`.
+async fn runtime_with(
+    nodes: &Nodes,
+    set: impl FnOnce(dlock_runtime::RuntimeBuilder) -> dlock_runtime::RuntimeBuilder,
+) -> Runtime {
+    set(Runtime::builder()
+        .redlock(nodes.urls())
+        .node_timeout(RELAXED_NODE_TIMEOUT))
+    .built()
+    .await
+}
+
+/// kill -9 of node `i`, then a restart on the same port with no data.
+fn kill_and_restart_empty(nodes: &mut Nodes, i: usize) {
+    nodes.servers[i].kill9();
+    nodes.servers[i].restart();
+}
+
+/// Holder A gets exactly two grants of three (node 2 is down while it acquires, and comes
+/// back empty); contender B then reaches every node; then node 1, one of A's two, is killed
+/// and restarted empty. Returns A's guard and B's runtime, both built by `options`.
+async fn holder_with_two_grants_and_one_of_them_restarted(
+    nodes: &mut Nodes,
+    key: &str,
+    options: impl Fn(dlock_runtime::RuntimeBuilder) -> dlock_runtime::RuntimeBuilder,
+) -> (dlock_runtime::LockGuard, Runtime) {
+    nodes.servers[2].kill9();
+    let a = runtime_with(nodes, &options).await;
+    let guard = a.hold(key, LONG_LEASE).await;
+    nodes.servers[2].restart();
+    let b = runtime_with(nodes, &options).await;
+    b.lock(key)
+        .wait(Duration::ZERO)
+        .times_out("A holds nodes 0 and 1")
+        .await;
+    assert!(
+        nodes.owner_on(1, key).await.is_some(),
+        "A's grant on node 1"
+    );
+    assert!(nodes.owner_on(2, key).await.is_none(), "no grant on node 2");
+    kill_and_restart_empty(nodes, 1);
+    assert!(
+        !nodes.servers[1].exists(&lock_key(key)).await,
+        "node 1 must come back empty"
+    );
+    (guard, b)
+}
+
+/// The documented limit, reproduced: with the restart check off (`rejoin_after=0s`) and a bare
+/// majority, a node restarted empty while the holder had exactly a majority of grants lets a
+/// second holder in while the first still counts on its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_restart_protection_a_node_restarted_empty_admits_a_second_holder() {
+    let mut nodes = Nodes::start(3);
+    let key = "redlock:restart-unprotected";
+    let (a, b) = holder_with_two_grants_and_one_of_them_restarted(&mut nodes, key, |builder| {
+        builder.rejoin_after(Duration::ZERO)
+    })
+    .await;
+    let second = b.lock(key).wait(Duration::from_millis(500)).acquire().await;
+    let a_valid = a.valid_for();
+    println!(
+        "unprotected: B {:?} while A counts on {a_valid:?} more",
+        second.as_ref().map(|_| "acquired")
+    );
+    let second = second.expect("the documented limit: B gets nodes 1 (restarted empty) and 2");
+    assert!(
+        !a.is_lost() && a_valid > Duration::from_secs(10),
+        "A still believes it holds the lock ({a_valid:?} left)"
+    );
+    second.release().await.ok();
+}
+
+/// Regression (reliability issue, Redlock restarts): the same scenario with the default
+/// protection: B has read node 1's run id before, sees it changed after the restart, and does
+/// not count node 1's grant until the longest lease has passed since the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_of_a_node_restarted_within_the_lease_does_not_count() {
+    let mut nodes = Nodes::start(3);
+    let key = "redlock:restart-protected";
+    let (a, b) = holder_with_two_grants_and_one_of_them_restarted(&mut nodes, key, |b| b).await;
+    let err = b
+        .lock(key)
+        .wait(Duration::from_millis(500))
+        .refused("node 1 restarted less than a lease ago: its grant must not count")
+        .await;
+    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+    assert!(
+        !nodes.servers[1].exists(&lock_key(key)).await,
+        "B's uncounted grant on node 1 is undone"
+    );
+    assert!(!a.is_lost(), "A keeps node 0 until its next renewal");
+    // Once A is gone (released on the nodes it still has), the nodes free up and B gets in
+    // with nodes 0 and 2, node 1 still not counting.
+    a.release().await.ok();
+    b.lock(key)
+        .wait(Duration::ZERO)
+        .cycled("B acquires with nodes 0 and 2 once A released")
+        .await;
+}
+
+/// With `rejoin_after` short, the restarted node counts again once that long has passed since
+/// its restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_node_counts_again_after_rejoin_after() {
+    let mut nodes = Nodes::start(3);
+    let rt = runtime_with(&nodes, |b| b.rejoin_after(Duration::from_secs(2))).await;
+    rt.lock("redlock:rejoin:warm").cycled("warm-up").await;
+    kill_and_restart_empty(&mut nodes, 1);
+    let restarted = Instant::now();
+    // Node 0 busy (a foreign holder), so a lock needs nodes 1 and 2.
+    let key = "redlock:rejoin";
+    let () = nodes.servers[0]
+        .query(
+            redis::cmd("HSET")
+                .arg(lock_key(key))
+                .arg("owner")
+                .arg("someone-else")
+                .arg("count")
+                .arg(1),
+        )
+        .await;
+    let () = nodes.servers[0]
+        .query(redis::cmd("PEXPIRE").arg(lock_key(key)).arg(60_000))
+        .await;
+    let err = rt
+        .lock(key)
+        .wait(Duration::ZERO)
+        .refused("node 1 restarted under 2 s ago")
+        .await;
+    assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+    let guard = rt
+        .lock(key)
+        .wait(Duration::from_secs(10))
+        .held("node 1 counts again 2 s after its restart")
+        .await;
+    let after = restarted.elapsed();
+    println!("acquired with the restarted node {after:?} after its restart");
+    assert_between(
+        "acquired after the restart",
+        after,
+        Duration::from_secs(2),
+        Duration::from_secs(6),
+    );
+    guard.release().await.expect("release");
+}
+
+/// The other protection: a quorum above a bare majority. A holder with all three grants
+/// survives two nodes restarted empty under `quorum=3`; with the default majority the same
+/// restarts let a second holder in (the documented limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_of_every_node_survives_two_nodes_restarted_empty() {
+    for quorum in [None, Some(3)] {
+        let mut nodes = Nodes::start(3);
+        let key = "redlock:quorum";
+        let options = |builder: dlock_runtime::RuntimeBuilder| {
+            let builder = builder.rejoin_after(Duration::ZERO);
+            match quorum {
+                Some(q) => builder.quorum(q),
+                None => builder,
+            }
+        };
+        let a = runtime_with(&nodes, options).await;
+        let b = runtime_with(&nodes, options).await;
+        let guard = a.hold(key, LONG_LEASE).await;
+        kill_and_restart_empty(&mut nodes, 1);
+        kill_and_restart_empty(&mut nodes, 2);
+        let second = b.lock(key).wait(Duration::from_millis(500)).acquire().await;
+        println!(
+            "quorum {quorum:?}: B after two restarts: {:?}",
+            second.as_ref().map(|_| "acquired")
+        );
+        match quorum {
+            None => {
+                let second = second.expect("the documented limit: B gets the two restarted nodes");
+                assert!(!guard.is_lost(), "A still believes it holds the lock");
+                second.release().await.ok();
+            }
+            Some(_) => {
+                let err = second.map(drop).expect_err("quorum 3: B needs every node");
+                assert!(err.is_timeout(), "expected Timeout, got {err:?}");
+                guard.release().await.expect("A releases");
+                b.lock(key).cycled("B after A released").await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_and_min_validity_out_of_range_are_invalid_config() {
+    let nodes = Nodes::start(3);
+    for q in [0, 1, 4] {
+        let err = Runtime::builder()
+            .redlock(nodes.urls())
+            .quorum(q)
+            .build()
+            .await
+            .expect_err("quorum out of range");
+        assert!(err.is_invalid_config(), "quorum {q}: {err:?}");
+        assert!(err.to_string().contains("quorum"), "{err}");
+        let err = Runtime::from_url(&nodes.redlock_url(&format!("quorum={q}")))
+            .await
+            .expect_err("quorum out of range");
+        assert!(err.is_invalid_config(), "URL quorum {q}: {err:?}");
+    }
+    let err = Runtime::from_url(&nodes.redlock_url("quorum=two"))
+        .await
+        .expect_err("not a number");
+    assert!(err.is_invalid_config(), "{err:?}");
+    for q in [2, 3] {
+        let rt = Runtime::builder()
+            .redlock(nodes.urls())
+            .quorum(q)
+            .built()
+            .await;
+        rt.lock(format!("redlock:quorum-ok:{q}"))
+            .cycled("a valid quorum")
+            .await;
+        Runtime::from_url(&nodes.redlock_url(&format!("quorum={q}&rejoin_after=10s")))
+            .await
+            .expect("a valid quorum in the URL");
+    }
+    for bad in [1.0, 1.5, -0.1, f64::NAN] {
+        let err = Runtime::builder()
+            .redlock(nodes.urls())
+            .min_validity(bad)
+            .build()
+            .await
+            .expect_err("min_validity out of range");
+        assert!(err.is_invalid_config(), "min_validity {bad}: {err:?}");
+    }
+    let err = Runtime::builder()
+        .redis(nodes.servers[0].url())
+        .quorum(2)
+        .build()
+        .await
+        .expect_err("not an option of redis");
+    assert!(err.is_invalid_config(), "{err:?}");
+}
+
+/// `min_validity` set on the builder works like the URL option: with 0.9 of a 300 ms lease
+/// required and one node paused (each attempt waits out a 100 ms node timeout), no grant is
+/// taken; with 0.5 it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_validity_builder_option_is_applied() {
+    let mut nodes = Nodes::start(3);
+    let lease = Duration::from_millis(300);
+    let strict = Runtime::builder()
+        .redlock(nodes.urls())
+        .node_timeout(Duration::from_millis(100))
+        .min_validity(0.9)
+        .built()
+        .await;
+    let lenient = Runtime::builder()
+        .redlock(nodes.urls())
+        .node_timeout(Duration::from_millis(100))
+        .min_validity(0.5)
+        .built()
+        .await;
+    strict.lock("redlock:mv:warm").cycled("warm-up").await;
+    lenient.lock("redlock:mv:warm").cycled("warm-up").await;
+    nodes.servers[2].pause();
+    let err = strict
+        .lock("redlock:mv:strict")
+        .lease(lease)
+        .refused("0.9 of the lease cannot be left after a 100 ms node timeout")
+        .await;
+    assert!(err.is_timeout(), "{err:?}");
+    let guard = lenient
+        .lock("redlock:mv:lenient")
+        .lease(lease)
+        .held("half of the lease is left")
+        .await;
+    nodes.servers[2].resume();
+    guard.release().await.ok();
+}

@@ -20,7 +20,8 @@ use dlock_runtime::{LockError, with_lock};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{
     AcquireExt, BuildExt, Counting, HoldExt, HolderProcess, RedisServer, Runtime, assert_between,
-    assert_busy, count_in_processes, eventually, finish_within, hold_fenced_in_process, while_held,
+    assert_busy, count_in_processes, eventually, finish_within, hold_fenced_in_process,
+    hold_in_process, waiter_got_it, while_held,
 };
 
 /// Bound on anything that should happen "at once" (a hand-off, a background release).
@@ -581,4 +582,241 @@ async fn paused_server_is_a_backend_error_within_the_timeout() {
         "the body ran without the lock"
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// What the test servers with a clamped session grant (their `maxSessionTimeout`), while the
+/// runtimes ask for [`REQUESTED_SESSION`].
+const NEGOTIATED_SESSION: Duration = Duration::from_secs(2);
+
+/// The session timeout the clamped tests ask for (the default).
+const REQUESTED_SESSION: Duration = Duration::from_secs(10);
+
+/// Slack on "no later than the negotiated session" bounds: scheduling on a loaded box.
+const SCHEDULING_SLACK: Duration = Duration::from_millis(700);
+
+/// A server that grants sessions of at most [`NEGOTIATED_SESSION`].
+fn clamping_server() -> ZooKeeperServer {
+    ZooKeeperServer::start_with_max_session_timeout(NEGOTIATED_SESSION)
+}
+
+/// Regression (reliability issue, item 3): the runtime counted on the *requested* session
+/// timeout although the server had granted less, so a holder cut off from the server believed
+/// in its lock for up to the requested timeout after the server had expired its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validity_never_exceeds_the_negotiated_session_and_a_paused_server_loses_it_in_time() {
+    let mut zk = clamping_server();
+    let rt = zk_runtime(&zk, REQUESTED_SESSION).await;
+    let key = "zk:negotiated:paused-server";
+    let guard = rt.hold(key, Duration::from_secs(30)).await;
+    let mut highest = Duration::ZERO;
+    while_held(
+        &guard,
+        Duration::from_secs(3),
+        Duration::from_millis(50),
+        |_| {
+            highest = highest.max(guard.valid_for());
+            std::future::ready(())
+        },
+    )
+    .await;
+    println!(
+        "requested {REQUESTED_SESSION:?}, server max {NEGOTIATED_SESSION:?}: highest valid_for {highest:?}"
+    );
+    assert!(
+        highest <= NEGOTIATED_SESSION,
+        "valid_for() reached {highest:?}: more than the negotiated session timeout \
+         ({NEGOTIATED_SESSION:?}; {REQUESTED_SESSION:?} requested)"
+    );
+    zk.pause();
+    let paused = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(15), guard.lost()).await;
+    let lost_after = paused.elapsed();
+    zk.resume();
+    assert!(
+        lost.is_ok(),
+        "lost() did not resolve within 15 s of the pause"
+    );
+    println!("server paused: lost() after {lost_after:?}");
+    assert!(
+        lost_after <= NEGOTIATED_SESSION + SCHEDULING_SLACK,
+        "lost() {lost_after:?} after the pause: later than the negotiated session timeout \
+         ({NEGOTIATED_SESSION:?})"
+    );
+}
+
+/// A holder process frozen past its negotiated session (SIGSTOP): the server expires the
+/// session and another runtime takes the key; once resumed, the holder must not count on its
+/// lock for a moment (its `valid_for()` is zero from the first instant it runs again), and
+/// it reports the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_holder_counts_on_no_more_than_the_negotiated_session() {
+    let zk = clamping_server();
+    let key = "zk:negotiated:sigstop";
+    let url = format!(
+        "{}?session_timeout={}s",
+        zk.url(),
+        REQUESTED_SESSION.as_secs()
+    );
+    let (mut holder, fence) = hold_in_process(&url, key, 30_000, &["--report-ms", "50"]).await;
+    let holder_fence = fence.expect("a fence");
+    // valid <ms> <unix ms>
+    let parse = |line: &str| -> Option<(u64, u128)> {
+        let mut words = line.strip_prefix("valid ")?.split(' ');
+        Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+    };
+    let mut highest = 0;
+    for _ in 0..40 {
+        let line = holder.next_line(Duration::from_secs(5)).await;
+        let (ms, _) = parse(&line).unwrap_or_else(|| panic!("unexpected line {line:?}"));
+        highest = highest.max(ms);
+    }
+    println!("holder's highest valid_for while healthy: {highest} ms");
+    let rt = runtime(&zk).await;
+    let waiter = rt.lock(key).wait(Duration::from_secs(20)).spawn();
+    queue_len(&zk, key, 2, Duration::from_secs(5)).await;
+    holder.pause();
+    let stopped = Instant::now();
+    let (guard, came) = waiter_got_it(
+        waiter,
+        Duration::from_secs(15),
+        "the stopped holder's session expires",
+    )
+    .await;
+    println!(
+        "holder stopped: the server expired its session and another runtime acquired after {:?}",
+        came.duration_since(stopped)
+    );
+    assert!(guard.fence().expect("fence") > holder_fence);
+    // Resume it well within what it asked for (10 s) but after what it was granted (2 s).
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(stopped.elapsed())).await;
+    let resumed_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis();
+    holder.resume();
+    let mut after_resume = Vec::new();
+    loop {
+        let line = holder.next_line(Duration::from_secs(10)).await;
+        if line == "lost" {
+            break;
+        }
+        let (ms, at) = parse(&line).unwrap_or_else(|| panic!("unexpected line {line:?}"));
+        if at >= resumed_unix {
+            after_resume.push(ms);
+        } else {
+            highest = highest.max(ms);
+        }
+    }
+    let status = holder.wait(Duration::from_secs(10)).await;
+    println!("holder's valid_for reports after SIGCONT (ms): {after_resume:?}; then lost");
+    assert_eq!(status.code(), Some(3), "{status}");
+    assert!(
+        highest <= NEGOTIATED_SESSION.as_millis() as u64,
+        "the holder counted on {highest} ms: more than the negotiated session ({NEGOTIATED_SESSION:?})"
+    );
+    assert!(
+        after_resume.iter().all(|&ms| ms == 0),
+        "after its session expired the resumed holder still counted on its lock: {after_resume:?} ms"
+    );
+    assert_busy(&runtime(&zk).await, key, "the new holder keeps it").await;
+    guard.release().await.expect("release by the new holder");
+}
+
+/// A waiter queued for longer than the session timeout keeps the lock it gets: its session is
+/// alive (it was just used), whatever the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_queued_longer_than_the_session_keeps_the_lock() {
+    let zk = clamping_server();
+    let rt = zk_runtime(&zk, REQUESTED_SESSION).await;
+    let other = zk_runtime(&zk, REQUESTED_SESSION).await;
+    let key = "zk:negotiated:long-queue";
+    let holder = rt.hold(key, Duration::from_secs(30)).await;
+    let waiter = other.lock(key).wait(Duration::from_secs(20)).spawn();
+    queue_len(&zk, key, 2, Duration::from_secs(5)).await;
+    tokio::time::sleep(NEGOTIATED_SESSION * 2).await;
+    holder.release().await.expect("release");
+    let (guard, _) = waiter_got_it(waiter, PROMPTLY, "released").await;
+    let lost = tokio::time::timeout(NEGOTIATED_SESSION * 2, guard.lost()).await;
+    assert!(
+        lost.is_err(),
+        "a waiter that queued {:?} lost the lock it just got",
+        NEGOTIATED_SESSION * 2
+    );
+    assert_busy(&rt, key, "the waiter holds it").await;
+    guard.release().await.expect("release");
+}
+
+/// The server killed while a lock is held: the body is cancelled with `Lost` within the
+/// negotiated session timeout (clamped to 2 s here, 10 s asked). Waiters queued meanwhile keep
+/// trying within their budget, and once the server is restarted (same data) every one of them
+/// gets the lock in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_while_held_is_lost_within_the_session_and_waiters_acquire_after_restart() {
+    const WAITERS: usize = 3;
+    let mut zk = clamping_server();
+    let holder = zk_runtime(&zk, REQUESTED_SESSION).await;
+    let others = zk_runtime(&zk, REQUESTED_SESSION).await;
+    let key = "zk:engine-down";
+    let (acquired_tx, acquired_rx) = tokio::sync::oneshot::channel();
+    let body = tokio::spawn({
+        let holder = holder.clone();
+        async move {
+            holder
+                .scope(with_lock(holder.lock(key), async move {
+                    acquired_tx.send(()).ok();
+                    std::future::pending::<()>().await
+                }))
+                .await
+        }
+    });
+    acquired_rx.await.expect("the holder acquired");
+    let held_once = Arc::new(Mutex::new(Vec::new()));
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let (others, held_once) = (others.clone(), held_once.clone());
+            tokio::spawn(async move {
+                let lock = others.lock(key).wait(Duration::from_secs(40));
+                let out = others
+                    .scope(with_lock(lock, async {
+                        held_once.lock().expect("list").push(i);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }))
+                    .await;
+                (i, out)
+            })
+        })
+        .collect();
+    queue_len(&zk, key, 1 + WAITERS, Duration::from_secs(10)).await;
+    zk.kill9();
+    let killed = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(15), body)
+        .await
+        .expect("the body must end once the session cannot be confirmed")
+        .expect("the holder task");
+    let lost_after = killed.elapsed();
+    println!("zookeeper killed: holder's body ended with {outcome:?} after {lost_after:?}");
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "expected Err(Lost), got {outcome:?}"
+    );
+    assert!(
+        lost_after <= NEGOTIATED_SESSION + SCHEDULING_SLACK,
+        "lost {lost_after:?} after the kill: later than the negotiated session ({NEGOTIATED_SESSION:?})"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    zk.restart();
+    let restarted = Instant::now();
+    for waiter in waiters {
+        let (i, out) = tokio::time::timeout(Duration::from_secs(40), waiter)
+            .await
+            .expect("a waiter must finish within its budget")
+            .expect("the waiter task");
+        assert!(out.is_ok(), "waiter {i} after the restart: {out:?}");
+    }
+    println!(
+        "every waiter held the lock within {:?} of the restart, in order {:?}",
+        restarted.elapsed(),
+        held_once.lock().expect("list")
+    );
+    assert_eq!(held_once.lock().expect("list").len(), WAITERS);
 }

@@ -99,6 +99,12 @@ pub(crate) struct Context {
 pub(crate) enum Setting<'a> {
     Text(&'a str),
     Duration(Duration),
+    /// A fraction (`0.5`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Fraction(f64),
+    /// A whole number (a node count).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Count(u32),
 }
 
 impl Setting<'_> {
@@ -111,6 +117,25 @@ impl Setting<'_> {
                     "invalid duration `{text}` for `{name}`: expected e.g. 250ms, 30s, 2m, 1h"
                 ))
             }),
+            Self::Fraction(_) | Self::Count(_) => Err(LockError::config(format!(
+                "`{name}` takes a duration, e.g. 250ms, 30s, 2m, 1h"
+            ))),
+        }
+    }
+
+    /// The value as a whole number (decimal digits when text).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn count(self, name: &str) -> Result<u32, LockError> {
+        match self {
+            Self::Count(n) => Ok(n),
+            Self::Text(text) => text.parse().map_err(|_| {
+                LockError::config(format!(
+                    "invalid number `{text}` for `{name}`: expected a whole number, e.g. {name}=3"
+                ))
+            }),
+            Self::Duration(_) | Self::Fraction(_) => Err(LockError::config(format!(
+                "`{name}` takes a whole number, e.g. {name}=3"
+            ))),
         }
     }
 
@@ -141,6 +166,12 @@ pub(crate) trait EngineConfig: CloneConfig + fmt::Debug + Send + Sync + 'static 
     /// The engine's option names, for error messages.
     fn options(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// Whether the engine lives in this process: its backend works from any tokio runtime,
+    /// and a new connection would not see its locks.
+    fn in_process(&self) -> bool {
+        false
     }
 
     /// Connects (bounded by `ctx.timeout`).

@@ -12,8 +12,10 @@
 //!     `#[distributed_lock(key = "{key}", lease = "30s", wait = "60s")]`, run on the runtime for
 //!     URL installed as the process default. Prints "done N" at the end.
 //! dlock-holder --url URL --key KEY --mode hold --lease-ms L [--watchdog false]
+//!     [--report-ms R]
 //!     Acquires KEY with lease L, prints "acquired <fence>" ("acquired none" without a fence)
-//!     and holds it until killed; prints "lost" and exits 3 if the lease is lost.
+//!     and holds it until killed; prints "lost" and exits 3 if the lease is lost. With R, also
+//!     prints "valid <ms> <unix ms>" every R ms: the guard's `valid_for()` and the wall clock.
 //! ```
 
 use std::error::Error;
@@ -27,9 +29,19 @@ type BoxError = Box<dyn Error + Send + Sync>;
 
 #[derive(Debug)]
 enum Mode {
-    Counter { iterations: u64, counter: String },
-    AttrCounter { iterations: u64, counter: String },
-    Hold { lease: Duration, watchdog: bool },
+    Counter {
+        iterations: u64,
+        counter: String,
+    },
+    AttrCounter {
+        iterations: u64,
+        counter: String,
+    },
+    Hold {
+        lease: Duration,
+        watchdog: bool,
+        report: Option<Duration>,
+    },
 }
 
 #[derive(Debug)]
@@ -50,6 +62,7 @@ fn parse_args() -> Result<Args, BoxError> {
     let mut counter_url = None;
     let mut lease_ms = 30_000u64;
     let mut watchdog = true;
+    let mut report = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -62,6 +75,7 @@ fn parse_args() -> Result<Args, BoxError> {
             "--counter" => counter = Some(value()?),
             "--lease-ms" => lease_ms = value()?.parse()?,
             "--watchdog" => watchdog = value()?.parse()?,
+            "--report-ms" => report = Some(Duration::from_millis(value()?.parse()?)),
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -80,6 +94,7 @@ fn parse_args() -> Result<Args, BoxError> {
         Some("hold") => Mode::Hold {
             lease: Duration::from_millis(lease_ms),
             watchdog,
+            report,
         },
         other => {
             return Err(
@@ -140,7 +155,11 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
             println!("done {iterations}");
             Ok(ExitCode::SUCCESS)
         }
-        Mode::Hold { lease, watchdog } => {
+        Mode::Hold {
+            lease,
+            watchdog,
+            report,
+        } => {
             let guard = rt
                 .lock(args.key.as_str())
                 .lease(lease)
@@ -153,7 +172,28 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
                 None => println!("acquired none"),
             }
             std::io::stdout().flush()?;
-            guard.lost().await;
+            match report {
+                None => guard.lost().await,
+                Some(every) => {
+                    let reports = async {
+                        loop {
+                            let now = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .unwrap_or_default();
+                            println!(
+                                "valid {} {}",
+                                guard.valid_for().as_millis(),
+                                now.as_millis()
+                            );
+                            tokio::time::sleep(every).await;
+                        }
+                    };
+                    tokio::select! {
+                        () = guard.lost() => {}
+                        () = reports => {}
+                    }
+                }
+            }
             println!("lost");
             Ok(ExitCode::from(3))
         }

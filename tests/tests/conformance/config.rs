@@ -6,9 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockError, Runtime, RuntimeBuilder};
+use dlock_runtime::{LockError, MAX_KEY_LEN, Runtime, RuntimeBuilder, with_lock};
+use dlock_tests::AcquireExt;
 
-use crate::fixture::Engine;
+use crate::fixture::{Engine, Fixture};
+use crate::support::{LONG_LEASE, assert_busy, assert_free};
 
 /// URLs of `engine` that must be refused, each with what the message must mention ("" for
 /// nothing in particular).
@@ -140,11 +142,11 @@ fn bad_builders(engine: Engine) -> Vec<(&'static str, RuntimeBuilder, &'static s
 /// Asserts `out` is `InvalidConfig` with a lowercase message mentioning `mention`, returned
 /// within a second.
 #[track_caller]
-fn assert_invalid(
+fn assert_invalid<T>(
     engine: Engine,
     what: &str,
     mention: &str,
-    out: Result<Runtime, LockError>,
+    out: Result<T, LockError>,
     took: Duration,
 ) {
     let err = match out {
@@ -182,4 +184,43 @@ pub(crate) async fn bad_configuration_is_invalid_config(engine: Engine) {
         let out = builder.build().await;
         assert_invalid(engine, what, mention, out, start.elapsed());
     }
+}
+
+/// An empty key and one longer than [`MAX_KEY_LEN`] bytes are `InvalidConfig` at once, from
+/// `acquire()` and from `with_lock` (whose body never runs); a key of exactly the limit, made
+/// of the characters engines treat specially, is locked and released like any other.
+pub(crate) async fn keys_over_the_limit_are_invalid_and_at_the_limit_work(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let rt = fixture.runtime().await;
+    let too_long = "k".repeat(MAX_KEY_LEN + 1);
+    for (what, key, mention) in [
+        ("an empty key", "", "empty"),
+        ("a key over the limit", too_long.as_str(), "maximum"),
+    ] {
+        let start = Instant::now();
+        let out = rt.lock(key).acquire().await;
+        assert_invalid(engine, what, mention, out, start.elapsed());
+        let start = Instant::now();
+        let out = with_lock(rt.lock(key), async {
+            panic!("{engine:?}: {what}: the body ran")
+        })
+        .await;
+        assert_invalid(engine, what, mention, out, start.elapsed());
+    }
+
+    // Multi-byte and special characters, cut to exactly the limit in bytes.
+    let mut key = String::from("conformance:keys:{}/%:é:");
+    while key.len() < MAX_KEY_LEN {
+        key.push(if key.len() % 7 == 0 { '}' } else { 'x' });
+    }
+    assert_eq!(key.len(), MAX_KEY_LEN);
+    let guard = rt
+        .lock(key.as_str())
+        .lease(LONG_LEASE)
+        .held("a key at the limit")
+        .await;
+    let other = fixture.runtime().await;
+    assert_busy(&other, &key, "while a key at the limit is held").await;
+    guard.release().await.expect("release");
+    assert_free(&other, &key, "after the release").await;
 }

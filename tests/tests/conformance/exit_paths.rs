@@ -349,3 +349,60 @@ pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engin
     }
     assert_left_free(&other, key, "after releases cut mid-flight").await;
 }
+
+/// A process whose tokio runtime shuts down while tasks hold locks (`main` returns, the runtime
+/// is dropped): the tasks are dropped with their guards, and their releases cannot run on that
+/// runtime any more. The keys must still be freed at once, not after their 30 s lease: one
+/// guard held by a task when the tokio runtime is dropped, one dropped after it is gone.
+pub(crate) async fn guards_dropped_at_tokio_shutdown_are_released(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let url = fixture.url().unwrap_or_else(|| "memory://".to_owned());
+    let keys = [
+        "conformance:exit:shutdown:in-task",
+        "conformance:exit:shutdown:after",
+    ];
+    // Another process, as far as the lock runtime can tell: its own tokio runtime on a thread.
+    let process = std::thread::spawn(move || {
+        let tokio_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let (rt, late) = tokio_rt.block_on(async {
+            let rt = Runtime::from_url(&url).await.expect("runtime");
+            let held = rt.lock(keys[0]).lease(LONG_LEASE).held("in a task").await;
+            tokio::spawn(async move {
+                let _held = held;
+                std::future::pending::<()>().await
+            });
+            let late = rt.lock(keys[1]).lease(LONG_LEASE).held("kept").await;
+            (rt, late)
+        });
+        drop(tokio_rt);
+        drop(late);
+        rt
+    });
+    let shut_down = tokio::task::spawn_blocking(move || process.join().expect("the process"))
+        .await
+        .expect("join");
+    // On the memory engine the state lives in that runtime; elsewhere, ask the engine.
+    let other = match engine {
+        Engine::Memory => shut_down,
+        _ => fixture.runtime().await,
+    };
+    for key in keys {
+        let started = Instant::now();
+        let guard = other
+            .lock(key)
+            .lease(LONG_LEASE)
+            .wait(Duration::from_secs(10))
+            .held(&format!("{engine:?}: {key} after the shutdown"))
+            .await;
+        assert!(
+            started.elapsed() < RELEASE_WITHIN,
+            "{engine:?}: {key} was freed only after {:?}: its release was lost at shutdown",
+            started.elapsed()
+        );
+        guard.release().await.expect("release");
+    }
+}

@@ -119,7 +119,7 @@ impl Fixture {
     }
 
     /// The URL runtimes are built from (so every test also checks the engine's good URL).
-    fn url(&self) -> Option<String> {
+    pub(crate) fn url(&self) -> Option<String> {
         match &self.servers {
             Servers::Memory(_) => None,
             Servers::Redis(server) => Some(server.url()),

@@ -53,6 +53,7 @@ conformance!(
     exit_paths::release_on_panic_and_cancellation_while_holding,
     exit_paths::cancelled_waiter_leaves_nothing_behind,
     exit_paths::cancellation_mid_acquire_leaves_nothing_behind,
+    exit_paths::guards_dropped_at_tokio_shutdown_are_released,
     waiting::wait_timeout_returns_timeout_within_bounds,
     waiting::release_wakes_a_waiter_long_before_the_lease,
     lease::watchdog_keeps_a_short_lease_alive,
@@ -62,5 +63,8 @@ conformance!(
     reentrancy::nested_acquisition_reenters_and_inner_exit_keeps_the_hold,
     reentrancy::other_tasks_and_plain_acquires_are_other_owners,
     reentrancy::current_fence_is_the_innermost_holds,
+    reentrancy::concurrent_branches_of_a_chain_are_different_owners,
+    reentrancy::reentrant_guard_kept_past_its_chain_is_lost,
     config::bad_configuration_is_invalid_config,
+    config::keys_over_the_limit_are_invalid_and_at_the_limit_work,
 );

@@ -3,9 +3,10 @@
 //! the outer hold. Where it stops: a task spawned inside the chain, and plain `acquire()`s
 //! outside any chain, are other owners.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock_runtime::{current_fence, with_lock};
+use dlock_runtime::{LockError, current_fence, distributed_lock, with_lock};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_busy, assert_free};
@@ -201,4 +202,146 @@ pub(crate) async fn current_fence_is_the_innermost_holds(engine: Engine) {
     })
     .await
     .expect("outer");
+}
+
+/// Counts bodies inside at once; `max` is the most seen.
+#[derive(Default)]
+struct Inside {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl Inside {
+    /// Enters, yields long enough for a concurrent branch to run, leaves.
+    async fn visit(&self) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The body of an annotated call on `conformance:reentrancy:branch:{id}`.
+#[distributed_lock(
+    key = "conformance:reentrancy:branch:{id}",
+    lease = "30s",
+    wait = "30s"
+)]
+async fn branch(id: u32, inside: &Inside) -> Result<Option<u64>, LockError> {
+    inside.visit().await;
+    Ok(current_fence())
+}
+
+/// Inside one call chain, concurrent branches (`join!`, `join_all`) calling an annotated
+/// function or `with_lock` on one key are different owners: their bodies never overlap. Where
+/// the chain does not hold the key, each branch acquires it in the engine (its own fence);
+/// where the caller holds it, the branches re-enter in turn (the caller's fence). Calls nested
+/// inside a branch still re-enter at once.
+pub(crate) async fn concurrent_branches_of_a_chain_are_different_owners(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let fences = fixture.params().fences;
+    let rt = fixture.runtime().await;
+    let other = fixture.runtime().await;
+    let key = "conformance:reentrancy:branch:7";
+
+    let chain = async {
+        // The chain holds another key: the branches acquire key 7 from the engine.
+        let inside = Inside::default();
+        let (a, b) = with_lock(rt.lock("conformance:reentrancy:caller"), async {
+            tokio::join!(branch(7, &inside), branch(7, &inside))
+        })
+        .await
+        .expect("caller");
+        let (a, b) = (a.expect("first branch"), b.expect("second branch"));
+        assert_eq!(
+            inside.max.load(Ordering::SeqCst),
+            1,
+            "{engine:?}: two branches ran their bodies on one key at once"
+        );
+        if fences {
+            assert_ne!(a, b, "{engine:?}: each branch is its own holder");
+        }
+
+        let inside = Inside::default();
+        let bodies = (0..4).map(|_| {
+            with_lock(rt.lock(key).lease(LONG_LEASE).wait(NO_DEADLOCK), async {
+                inside.visit().await;
+                // Nested in this branch: re-enters at once.
+                with_lock(rt.lock(key).wait(Duration::ZERO), async {})
+                    .await
+                    .expect("a call nested in a branch re-enters");
+            })
+        });
+        with_lock(rt.lock("conformance:reentrancy:caller"), async {
+            for out in futures_util::future::join_all(bodies).await {
+                out.expect("branch");
+            }
+        })
+        .await
+        .expect("caller");
+        assert_eq!(
+            inside.max.load(Ordering::SeqCst),
+            1,
+            "{engine:?}: join_all branches ran their bodies on one key at once"
+        );
+
+        // The caller holds key 7: the branches re-enter its hold, one after the other.
+        let inside = Inside::default();
+        with_lock(rt.lock(key).lease(LONG_LEASE), async {
+            let outer = current_fence();
+            let (a, b) = tokio::join!(branch(7, &inside), branch(7, &inside));
+            assert_eq!(
+                (a.expect("first branch"), b.expect("second branch")),
+                (outer, outer),
+                "{engine:?}: re-entries keep the caller's fence"
+            );
+            assert_busy(&other, key, "after the branches").await;
+        })
+        .await
+        .expect("caller");
+        assert_eq!(
+            inside.max.load(Ordering::SeqCst),
+            1,
+            "{engine:?}: branches re-entering the caller's hold ran at once"
+        );
+        assert_free(&other, key, "after the caller").await;
+    };
+    tokio::time::timeout(Duration::from_secs(60), rt.scope(chain))
+        .await
+        .unwrap_or_else(|_| panic!("{engine:?}: concurrent branches deadlocked"));
+}
+
+/// A reentrant guard never outlives the hold it re-entered: one returned out of its call chain
+/// does not keep the key locked once the chain's own hold ends; it reports the lock lost
+/// (`is_lost`, `lost()`, and `release` returns `Lost`), and another owner gets the key at once.
+pub(crate) async fn reentrant_guard_kept_past_its_chain_is_lost(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let key = "conformance:reentrancy:escaped";
+
+    let escaped = with_lock(rt.lock(key).lease(LONG_LEASE), async {
+        let inner = rt.lock(key).held("re-enters").await;
+        assert!(
+            !inner.is_lost(),
+            "{engine:?}: lost while the chain holds it"
+        );
+        inner
+    })
+    .await
+    .expect("with_lock");
+    assert_free(&other, key, "after the chain returned its reentrant guard").await;
+    assert!(
+        escaped.is_lost(),
+        "{engine:?}: an orphaned guard must say it is lost"
+    );
+    tokio::time::timeout(Duration::from_secs(1), escaped.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{engine:?}: lost() of an orphaned guard never resolved"));
+    let err = escaped
+        .release()
+        .await
+        .expect_err("an orphaned guard's release");
+    assert!(err.is_lost(), "{engine:?}: expected Lost, got {err:?}");
+    let guard = other.lock(key).held("after everything").await;
+    guard.release().await.expect("release");
 }

@@ -142,6 +142,27 @@ impl EtcdBackend {
         format!("{}{key}/", self.prefix)
     }
 
+    /// The contender key of `owner` in `key`'s queue, looked up in the engine.
+    async fn find_contender(&self, key: &str, owner: &str) -> Result<Option<Contender>, LockError> {
+        let queue = self
+            .read_queue(
+                key,
+                "release lookup failed",
+                GetOptions::new().with_prefix(),
+            )
+            .await?;
+        Ok(queue
+            .kvs()
+            .iter()
+            .find(|kv| kv.value() == owner.as_bytes())
+            .and_then(|kv| {
+                Some(Contender {
+                    lease: kv.lease(),
+                    key: kv.key_str().ok()?.to_owned(),
+                })
+            }))
+    }
+
     /// Runs `op` on a client, bounded by the timeout. A request refused at connect never
     /// reached a member, so it is sent again (the client's balanced channel may still route to
     /// a member that is down).
@@ -238,8 +259,15 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
-        let Some(contender) = self.contenders().get(owner).cloned() else {
-            return Ok(Released::NotOwner);
+        let known = self.contenders().get(owner).cloned();
+        let contender = match known {
+            Some(contender) => contender,
+            // Not queued through this connection (a release from a new connection once the
+            // runtime's own is gone): the engine knows the owner by its key's value.
+            None => match self.find_contender(key, owner).await? {
+                Some(contender) => contender,
+                None => return Ok(Released::NotOwner),
+            },
         };
         // Still ours? A key deleted from outside (and maybe taken by another contender)
         // means the lease was lost, whatever the revoke below finds.

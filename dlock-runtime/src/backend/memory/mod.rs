@@ -179,6 +179,10 @@ impl EngineConfig for MemoryConfig {
         "memory"
     }
 
+    fn in_process(&self) -> bool {
+        true
+    }
+
     fn connect(self: Box<Self>, _ctx: Context) -> Connecting {
         Box::pin(async { Ok(Arc::new(MemoryBackend::new()) as Arc<dyn DynBackend>) })
     }

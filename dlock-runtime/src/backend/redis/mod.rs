@@ -77,6 +77,15 @@ impl RedisBackend {
         Ok(backend)
     }
 
+    /// The `INFO server` section of this server (Redlock reads the run id and uptime in it to
+    /// tell a restarted node).
+    pub(crate) async fn server_info(&self) -> Result<String, LockError> {
+        let mut conn = self.link.handle();
+        let cmd = redis::cmd("INFO").arg("server").clone();
+        self.call(None, "INFO server failed", cmd.query_async(&mut conn))
+            .await
+    }
+
     fn with_link(link: Link, names: Names, ctx: &Context) -> Self {
         Self {
             link,

@@ -1,8 +1,12 @@
-//! Configuration of Redlock: `redlock://h1:p1,h2:p2,h3:p3[?node_timeout=100ms&min_validity=0.5]`,
+//! Configuration of Redlock:
+//! `redlock://h1:p1,h2:p2,h3:p3[?node_timeout=100ms&min_validity=0.5&quorum=2&rejoin_after=30s]`,
 //! or the builder's `.redlock([urls])` with one `redis://` URL per node (each may carry its own
-//! password, db or TLS) and `.node_timeout(d)`. `min_validity` is the fraction of the lease that
-//! must still be valid when a majority has granted it (default one half: the first renewal is
-//! due a third of the lease after the request was sent).
+//! password, db or TLS) and `.node_timeout(d)`, `.min_validity(f)`, `.quorum(n)`,
+//! `.rejoin_after(d)`. `min_validity` is the fraction of the lease that must still be valid
+//! when the quorum has granted it (default one half: the first renewal is due a third of the
+//! lease after the request was sent). `quorum` is how many nodes must grant a lock (default a
+//! majority; from a majority to N). `rejoin_after` is how long after a node restarted its
+//! grants count again (default: the longest lease the runtime has used; zero: never checked).
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,9 +25,11 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 const DEFAULT_MIN_VALIDITY: f64 = 0.5;
 
 /// The engine's own options (beside the redis client's).
-const OPTIONS: [&str; 9] = [
+const OPTIONS: [&str; 11] = [
     "node_timeout",
     "min_validity",
+    "quorum",
+    "rejoin_after",
     "protocol",
     "db",
     "user",
@@ -38,6 +44,23 @@ pub(crate) struct RedlockConfig {
     nodes: Vec<String>,
     node_timeout: Duration,
     min_validity: f64,
+    /// `None`: a majority.
+    quorum: Option<u32>,
+    /// `None`: the longest lease used.
+    rejoin_after: Option<Duration>,
+}
+
+/// The settings the backend runs with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tuning {
+    pub(crate) node_timeout: Duration,
+    /// Fraction of the lease that must still be valid when the quorum has granted it.
+    pub(crate) min_validity: f64,
+    /// Grants needed.
+    pub(crate) quorum: usize,
+    /// How long after its restart a node's grants count again (`None`: the longest lease
+    /// used; zero: restarts are not checked).
+    pub(crate) rejoin_after: Option<Duration>,
 }
 
 impl fmt::Debug for RedlockConfig {
@@ -49,6 +72,8 @@ impl fmt::Debug for RedlockConfig {
             )
             .field("node_timeout", &self.node_timeout)
             .field("min_validity", &self.min_validity)
+            .field("quorum", &self.quorum)
+            .field("rejoin_after", &self.rejoin_after)
             .finish()
     }
 }
@@ -60,7 +85,25 @@ impl RedlockConfig {
             nodes,
             node_timeout: DEFAULT_NODE_TIMEOUT,
             min_validity: DEFAULT_MIN_VALIDITY,
+            quorum: None,
+            rejoin_after: None,
         }
+    }
+
+    /// The quorum: a majority unless set; from a majority to every node.
+    fn quorum(&self) -> Result<usize, LockError> {
+        let n = self.nodes.len();
+        let majority = n / 2 + 1;
+        let Some(quorum) = self.quorum else {
+            return Ok(majority);
+        };
+        let quorum = usize::try_from(quorum).unwrap_or(usize::MAX);
+        if !(majority..=n).contains(&quorum) {
+            return Err(LockError::config(format!(
+                "quorum {quorum} is out of range for {n} Redlock nodes: expected from a majority ({majority}) to {n}"
+            )));
+        }
+        Ok(quorum)
     }
 
     /// `redlock://h1:p1,h2:p2,h3:p3?node_timeout=..`; the client's options go to every node.
@@ -81,13 +124,15 @@ impl EngineConfig for RedlockConfig {
         match name {
             "node_timeout" => self.node_timeout = value.positive_duration(name)?,
             "min_validity" => self.min_validity = fraction(name, value)?,
+            "quorum" => self.quorum = Some(value.count(name)?),
+            "rejoin_after" => self.rejoin_after = Some(value.duration(name)?),
             _ => return Ok(false),
         }
         Ok(true)
     }
 
     fn options(&self) -> &'static [&'static str] {
-        debug_assert_eq!(&OPTIONS[2..], &CLIENT_OPTIONS);
+        debug_assert_eq!(&OPTIONS[4..], &CLIENT_OPTIONS);
         &OPTIONS
     }
 
@@ -102,8 +147,13 @@ impl EngineConfig for RedlockConfig {
             for node in &self.nodes {
                 check_tls(node)?;
             }
-            let backend =
-                RedlockBackend::connect(&self.nodes, &ctx, self.node_timeout, self.min_validity)?;
+            let tuning = Tuning {
+                node_timeout: self.node_timeout,
+                min_validity: self.min_validity,
+                quorum: self.quorum()?,
+                rejoin_after: self.rejoin_after,
+            };
+            let backend = RedlockBackend::connect(&self.nodes, &ctx, tuning)?;
             Ok(Arc::new(backend) as Arc<dyn DynBackend>)
         })
     }
@@ -113,7 +163,8 @@ impl EngineConfig for RedlockConfig {
 fn fraction(name: &str, value: Setting<'_>) -> Result<f64, LockError> {
     let parsed = match value {
         Setting::Text(text) => text.parse::<f64>().ok(),
-        Setting::Duration(_) => None,
+        Setting::Fraction(f) => Some(f),
+        Setting::Duration(_) | Setting::Count(_) => None,
     };
     match parsed {
         Some(f) if (0.0..1.0).contains(&f) => Ok(f),
@@ -133,5 +184,39 @@ mod tests {
         for bad in ["1", "1.5", "-0.1", "half", ""] {
             assert!(fraction("m", Setting::Text(bad)).is_err(), "{bad}");
         }
+        assert_eq!(fraction("m", Setting::Fraction(0.75)).ok(), Some(0.75));
+        assert!(fraction("m", Setting::Fraction(f64::NAN)).is_err());
+        assert!(fraction("m", Setting::Fraction(1.0)).is_err());
+    }
+
+    #[test]
+    fn quorum_is_from_a_majority_to_every_node() {
+        let nodes = |n: usize| RedlockConfig::new(vec!["redis://127.0.0.1:1".into(); n]);
+        assert_eq!(nodes(3).quorum().ok(), Some(2));
+        assert_eq!(nodes(5).quorum().ok(), Some(3));
+        assert_eq!(nodes(4).quorum().ok(), Some(3));
+        for (n, q, ok) in [
+            (3, 2, true),
+            (3, 3, true),
+            (3, 1, false),
+            (3, 4, false),
+            (5, 3, true),
+            (5, 2, false),
+            (4, 2, false),
+            (4, 3, true),
+            (3, 0, false),
+        ] {
+            let mut config = nodes(n);
+            config.set("quorum", Setting::Count(q)).expect("a count");
+            let quorum = config.quorum();
+            assert_eq!(quorum.is_ok(), ok, "n={n} quorum={q}: {quorum:?}");
+            if let Err(err) = quorum {
+                assert!(err.is_invalid_config(), "{err:?}");
+            }
+        }
+        let mut config = nodes(3);
+        assert!(config.set("quorum", Setting::Text("two")).is_err());
+        assert!(config.set("quorum", Setting::Text("3")).is_ok());
+        assert_eq!(config.quorum().ok(), Some(3));
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! The algorithm as published: one owner token for all nodes; each attempt goes to every node
 //! **concurrently**, each call bounded by a per-node timeout far below the lease; the lock is
-//! ours when at least `N/2 + 1` nodes granted it and the validity
-//! `lease - elapsed - drift` (drift = 1 % of the lease + 2 ms) is still positive. Otherwise the
+//! ours when at least the quorum (`N/2 + 1` unless configured higher) of nodes granted it and
+//! the validity `lease - elapsed - drift` (drift = 1 % of the lease + 2 ms) is still at least
+//! `min_validity` of the lease. A grant from a node seen restarting within `rejoin_after`
+//! does not count ([`restarts`]). Otherwise the
 //! attempt is undone on every node (owner-checked) and the runtime retries until its deadline:
 //! after the holder's TTL or a release notification when another owner holds a majority,
 //! after a short random delay on a split vote.
@@ -16,14 +18,18 @@
 //! one strictly increasing sequence, so `fence()` is `None`.
 
 pub(crate) mod config;
+mod restarts;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
+use self::config::Tuning;
+use self::restarts::{NodeIdentity, NodeWakeups};
 use super::redis::RedisBackend;
 use super::redis::config::redact;
 use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
@@ -35,10 +41,17 @@ const RELEASE_RETRIES: u32 = 5;
 pub(crate) struct RedlockBackend {
     nodes: Vec<Arc<RedisBackend>>,
     urls: Vec<String>,
+    /// What is known of each node's server process (its restarts), by node.
+    identities: Vec<Arc<NodeIdentity>>,
     quorum: usize,
     node_timeout: Duration,
-    /// Fraction of the lease that must still be valid when a majority has granted it.
+    /// Fraction of the lease that must still be valid when the quorum has granted it.
     min_validity: f64,
+    /// How long after a restart a node's grants count again (`None`: the longest lease used;
+    /// zero: restarts are not checked).
+    rejoin_after: Option<Duration>,
+    /// The longest lease this runtime has used, in nanoseconds.
+    longest_lease: AtomicU64,
 }
 
 /// Redlock's clock-drift allowance: 1 % of the lease plus 2 ms.
@@ -53,51 +66,123 @@ impl RedlockBackend {
     pub(crate) fn connect(
         urls: &[String],
         ctx: &Context,
-        node_timeout: Duration,
-        min_validity: f64,
+        tuning: Tuning,
     ) -> Result<Self, LockError> {
-        let node_ctx = Context {
-            timeout: node_timeout,
-            ..ctx.clone()
-        };
+        let redacted: Vec<String> = urls.iter().map(|url| redact(url)).collect();
+        let identities: Vec<Arc<NodeIdentity>> = redacted
+            .iter()
+            .map(|url| NodeIdentity::new(url.clone()))
+            .collect();
         let nodes = urls
             .iter()
-            .map(|url| RedisBackend::connect_lazy(url, &node_ctx).map(Arc::new))
+            .zip(&identities)
+            .map(|(url, identity)| {
+                // A disconnect of this node's connection marks it for a run id check.
+                let node_ctx = Context {
+                    timeout: tuning.node_timeout,
+                    wakeups: Arc::new(NodeWakeups {
+                        inner: ctx.wakeups.clone(),
+                        identity: identity.clone(),
+                    }),
+                    ..ctx.clone()
+                };
+                RedisBackend::connect_lazy(url, &node_ctx).map(Arc::new)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            quorum: nodes.len() / 2 + 1,
+            quorum: tuning.quorum,
             nodes,
-            urls: urls.iter().map(|url| redact(url)).collect(),
-            node_timeout,
-            min_validity,
+            urls: redacted,
+            identities,
+            node_timeout: tuning.node_timeout,
+            min_validity: tuning.min_validity,
+            rejoin_after: tuning.rejoin_after,
+            longest_lease: AtomicU64::new(0),
         })
+    }
+
+    /// Notes a lease in use (the default of `rejoin_after` is the longest).
+    fn note_lease(&self, lease: Duration) {
+        let nanos = u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX);
+        self.longest_lease.fetch_max(nanos, Ordering::AcqRel);
+    }
+
+    /// How long after a restart a node's grants count again; `None` when restarts are not
+    /// checked.
+    fn rejoin_after(&self) -> Option<Duration> {
+        match self.rejoin_after {
+            Some(d) if d.is_zero() => None,
+            Some(d) => Some(d),
+            None => Some(Duration::from_nanos(
+                self.longest_lease.load(Ordering::Acquire),
+            )),
+        }
     }
 
     /// Runs `op` on every node at once; each answer is bounded by the per-node timeout.
     async fn on_all<'a, T, F>(
         &'a self,
         key: Option<&'a str>,
-        op: impl Fn(&'a RedisBackend) -> F,
+        op: impl Fn(usize, &'a RedisBackend) -> F,
     ) -> Vec<Result<T, LockError>>
     where
         F: Future<Output = Result<T, LockError>>,
     {
-        join_all(self.nodes.iter().zip(&self.urls).map(|(node, url)| {
-            let call = op(node);
+        let answers: Vec<Result<T, LockError>> = join_all(
+            self.nodes
+                .iter()
+                .zip(&self.urls)
+                .enumerate()
+                .map(|(i, (node, url))| {
+                    let call = op(i, node);
+                    async move {
+                        match tokio::time::timeout(self.node_timeout, call).await {
+                            Ok(answer) => answer,
+                            Err(_) => Err(LockError::backend(
+                                key,
+                                format!(
+                                    "redlock node {url} did not answer within {:?}",
+                                    self.node_timeout
+                                ),
+                                None,
+                            )),
+                        }
+                    }
+                }),
+        )
+        .await;
+        // A node that failed may have restarted: read its run id before its next grant counts.
+        for (identity, answer) in self.identities.iter().zip(&answers) {
+            if answer.is_err() {
+                identity.suspect();
+            }
+        }
+        answers
+    }
+
+    /// One acquire request to every node; a node whose run id must be read again (first
+    /// contact, or a disconnect or failure since) gets `INFO server` pipelined with it.
+    async fn acquire_on_all(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+        check_restarts: bool,
+    ) -> Vec<Result<Attempt, LockError>> {
+        self.on_all(Some(key), |i, node| {
+            let identity = &self.identities[i];
+            let check = check_restarts && identity.needs_check();
             async move {
-                match tokio::time::timeout(self.node_timeout, call).await {
-                    Ok(answer) => answer,
-                    Err(_) => Err(LockError::backend(
-                        key,
-                        format!(
-                            "redlock node {url} did not answer within {:?}",
-                            self.node_timeout
-                        ),
-                        None,
-                    )),
+                if check {
+                    // Same connection, sent together: one round trip for both.
+                    let (_, grant) =
+                        tokio::join!(identity.check(node), node.try_acquire(key, owner, lease));
+                    grant
+                } else {
+                    node.try_acquire(key, owner, lease).await
                 }
             }
-        }))
+        })
         .await
     }
 
@@ -142,13 +227,35 @@ impl RedlockBackend {
 impl Backend for RedlockBackend {
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         let started = Instant::now();
+        self.note_lease(lease);
+        let rejoin_after = self.rejoin_after();
         let answers = self
-            .on_all(Some(key), |node| node.try_acquire(key, owner, lease))
+            .acquire_on_all(key, owner, lease, rejoin_after.is_some())
             .await;
-        let granted = answers
-            .iter()
-            .filter(|a| matches!(a, Ok(Attempt::Acquired { .. })))
-            .count();
+        // A grant counts unless its node restarted within `rejoin_after` (or has not been
+        // checked since it reconnected): it may have forgotten another owner's lock.
+        let now = Instant::now();
+        let mut granted = 0;
+        let mut uncounted = 0;
+        // The soonest a restarted node that granted counts again.
+        let mut rejoins_in: Option<Duration> = None;
+        for (answer, identity) in answers.iter().zip(&self.identities) {
+            if !matches!(answer, Ok(Attempt::Acquired { .. })) {
+                continue;
+            }
+            match rejoin_after {
+                Some(rejoin) if !identity.counts(now, rejoin) => {
+                    uncounted += 1;
+                    if let Some(d) = identity.rejoins_in(now, rejoin) {
+                        rejoins_in = Some(rejoins_in.map_or(d, |r| r.min(d)));
+                    }
+                }
+                _ => granted += 1,
+            }
+        }
+        if uncounted > 0 {
+            tracing::debug!(key = %key, granted, uncounted, ?rejoins_in, "grants of restarted or unchecked redlock nodes do not count");
+        }
         // Validity left: lease - elapsed - drift. Counted only when at least `min_validity` of
         // the lease is left; a grant arriving later could expire before it is first renewed.
         let validity = lease
@@ -188,10 +295,16 @@ impl Backend for RedlockBackend {
             })
             .collect();
         busy_ttls.sort();
-        let ttl = if busy_ttls.len() >= self.quorum {
-            // Another owner holds a majority: wait for its release (notification) or for
-            // the lease to run out on a majority of its nodes.
-            busy_ttls[self.quorum - 1]
+        // Busy nodes that leave too few for a quorum.
+        let blocking = self.nodes.len() - self.quorum + 1;
+        let ttl = if busy_ttls.len() >= blocking {
+            // Another owner holds enough nodes to keep us from a quorum: wait for its release
+            // (notification) or for its lease to run out on enough of them.
+            busy_ttls[busy_ttls.len() - blocking]
+        } else if let Some(rejoins_in) = rejoins_in.filter(|_| granted + uncounted >= self.quorum) {
+            // Only a restarted node's grant was missing: look again when it counts (or when a
+            // release notification comes first).
+            rejoins_in.max(Duration::from_millis(5))
         } else {
             // A split vote (or a grant that came too late): retry after a short random
             // delay so that contenders do not collide again.
@@ -201,7 +314,12 @@ impl Backend for RedlockBackend {
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
-        let answers = self.on_all(None, |node| node.renew(batch)).await;
+        // A renewal only extends a key that carries our owner token, so a restarted node's
+        // answer cannot let anyone else in: its votes count as they are.
+        for item in batch {
+            self.note_lease(item.lease);
+        }
+        let answers = self.on_all(None, |_, node| node.renew(batch)).await;
         let n = self.nodes.len();
         Ok((0..batch.len())
             .map(|i| {
@@ -225,7 +343,7 @@ impl Backend for RedlockBackend {
 
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
         let answers = self
-            .on_all(Some(key), |node| node.release(key, owner))
+            .on_all(Some(key), |_, node| node.release(key, owner))
             .await;
         for (node, answer) in self.nodes.iter().zip(&answers) {
             if answer.is_err() {
@@ -250,7 +368,9 @@ impl Backend for RedlockBackend {
     }
 
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
-        let answers = self.on_all(Some(key), |node| node.force_unlock(key)).await;
+        let answers = self
+            .on_all(Some(key), |_, node| node.force_unlock(key))
+            .await;
         if answers.iter().all(Result::is_err) {
             return Err(self.no_quorum(key, &answers));
         }
@@ -258,7 +378,7 @@ impl Backend for RedlockBackend {
     }
 
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
-        let answers = self.on_all(Some(key), |node| node.is_locked(key)).await;
+        let answers = self.on_all(Some(key), |_, node| node.is_locked(key)).await;
         let failed = answers.iter().filter(|a| a.is_err()).count();
         if failed > self.nodes.len() - self.quorum {
             return Err(self.no_quorum(key, &answers));
@@ -269,7 +389,7 @@ impl Backend for RedlockBackend {
 
     async fn watch(&self, key: &str) -> Result<(), LockError> {
         // A notification from any node is a hint; waits stay bounded by the holder's TTL.
-        let answers = self.on_all(Some(key), |node| node.watch(key)).await;
+        let answers = self.on_all(Some(key), |_, node| node.watch(key)).await;
         if answers.iter().all(Result::is_err) {
             return Err(self.no_quorum(key, &answers));
         }
@@ -277,7 +397,7 @@ impl Backend for RedlockBackend {
     }
 
     async fn unwatch(&self, key: &str) -> Result<(), LockError> {
-        self.on_all(Some(key), |node| node.unwatch(key)).await;
+        self.on_all(Some(key), |_, node| node.unwatch(key)).await;
         Ok(())
     }
 

@@ -10,7 +10,8 @@ use crate::LockError;
 use crate::backend::url::EngineUrl;
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig, Setting};
 
-/// Default ZooKeeper session timeout: the bound after which a dead holder's lock is freed.
+/// Default ZooKeeper session timeout asked for; the server may grant less (or more), and the
+/// timeout it grants is the bound after which a dead holder's lock is freed.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 const OPTIONS: [&str; 1] = ["session_timeout"];

@@ -4,10 +4,14 @@
 //! `/dlock/<escaped key>/lock-<sequence>` (under container parents, which the server removes
 //! once empty); the holder is the lowest sequence; each waiter watches only its predecessor
 //! (no herd). The node lives as long as the runtime's ZooKeeper session, so the **session
-//! timeout** (runtime option `session_timeout`, default 10 s) is the bound after which a dead
-//! holder's lock is freed, not the per-lock lease: the runtime never counts on more than the
-//! session timeout, whatever the lease. The fencing token is the node's creation zxid
-//! (`czxid`), strictly increasing across holders.
+//! timeout** is the bound after which a dead holder's lock is freed, not the per-lock lease.
+//! That is the timeout the server *granted* (negotiated), not the one asked for (runtime option
+//! `session_timeout`, default 10 s): the server clamps requests to its `minSessionTimeout` ..
+//! `maxSessionTimeout` (by default 2 to 20 ticks). The runtime never counts on more than the
+//! negotiated timeout after the send time of its last confirmed call, whatever the lease: the
+//! server expires a silent session no earlier than that, so a holder cut off from the server
+//! (or frozen) counts its lock lost no later than the server can expire it. The fencing token
+//! is the node's creation zxid (`czxid`), strictly increasing across holders.
 //!
 //! Renewal checks that the session is connected and the node still exists; a session that
 //! expired (or a node deleted from outside) is a loss. After an expiry the client reconnects
@@ -19,6 +23,7 @@ mod path;
 pub(crate) use path::escape as path_segment;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -33,10 +38,19 @@ pub(crate) struct ZooKeeperBackend {
     client: RwLock<Client>,
     connect: String,
     root: String,
+    /// The session timeout asked for.
     session_timeout: Duration,
+    /// The session timeout the server granted to the current session, in nanoseconds: what
+    /// the runtime counts on (see the module docs).
+    negotiated: AtomicU64,
     timeout: Duration,
     /// Owner token -> its node's full path.
     contenders: Mutex<HashMap<String, String>>,
+}
+
+/// A duration in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn zk_error(key: Option<&str>, what: &str, err: ZkError) -> LockError {
@@ -54,6 +68,7 @@ impl ZooKeeperBackend {
         let client = Self::new_session(connect, session_timeout, timeout).await?;
         let root = format!("/{}", escape(prefix.trim_end_matches(':')));
         Ok(Self {
+            negotiated: AtomicU64::new(nanos(client.session_timeout())),
             client: RwLock::new(client),
             connect: connect.to_owned(),
             root,
@@ -74,7 +89,15 @@ impl ZooKeeperBackend {
             .with_fail_eagerly()
             .connect(connect);
         match tokio::time::timeout(timeout, connecting).await {
-            Ok(Ok(client)) => Ok(client),
+            Ok(Ok(client)) => {
+                let negotiated = client.session_timeout();
+                tracing::debug!(
+                    requested = ?session_timeout,
+                    ?negotiated,
+                    "ZooKeeper session established; the server granted this session timeout"
+                );
+                Ok(client)
+            }
             Ok(Err(e @ ZkError::BadArguments(_))) => Err(LockError::config(format!(
                 "bad ZooKeeper connect string `{connect}`: {e}"
             ))),
@@ -89,6 +112,11 @@ impl ZooKeeperBackend {
                 None,
             )),
         }
+    }
+
+    /// The session timeout the server granted (the current session's).
+    fn negotiated(&self) -> Duration {
+        Duration::from_nanos(self.negotiated.load(Ordering::Acquire))
     }
 
     fn client(&self) -> Client {
@@ -112,6 +140,10 @@ impl ZooKeeperBackend {
             && let Ok(client) =
                 Self::new_session(&self.connect, self.session_timeout, self.timeout).await
         {
+            // Before the client is published: a lock taken on the new session is counted with
+            // the new session's timeout (a server restarted with other limits may grant another).
+            self.negotiated
+                .store(nanos(client.session_timeout()), Ordering::Release);
             *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
             tracing::warn!("ZooKeeper session expired: reconnected with a new session");
         }
@@ -398,8 +430,9 @@ impl Backend for ZooKeeperBackend {
     }
 
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
-        // The session timeout bounds the hold, whatever the lease.
-        Ok(lease.saturating_sub(self.session_timeout))
+        // The negotiated session timeout bounds the hold, whatever the lease: the runtime
+        // counts on `lease - margin` = at most that after its last confirmed call.
+        Ok(lease.saturating_sub(self.negotiated()))
     }
 
     fn renew_batch_limit(&self) -> usize {

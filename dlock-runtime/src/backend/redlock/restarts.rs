@@ -1,0 +1,220 @@
+//! Telling a node that restarted, so that its grants do not count while it may have forgotten
+//! locks it held.
+//!
+//! A Redis master restarted without its data (kill -9 and restart, no `appendfsync always`)
+//! no longer has the locks it granted. If a holder had exactly a quorum of grants and one of
+//! those nodes comes back empty, a second contender can win a quorum that includes it: two
+//! holders. The published remedy is a *delayed restart* (the node stays out for the longest
+//! lease); this is the client-side form of it: the runtime reads each node's run id
+//! (`INFO server`) when it first reaches the node and again after every reconnect or failed
+//! call (a disconnect push from the node's connection, or an error), pipelined with the
+//! acquire request so that it costs no extra round trip. A node whose run id changed has
+//! restarted; its grants do not count toward the quorum until `rejoin_after` after its restart
+//! (the restart instant is the node's uptime before the check).
+//!
+//! What it cannot see: a node that restarted before this runtime first reached it (its run id
+//! is the first one seen). A node that refuses `INFO` (an ACL without it) cannot be checked;
+//! its grants count, and a warning says so once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::LockError;
+use crate::backend::Wakeups;
+use crate::backend::redis::RedisBackend;
+
+/// What this runtime knows of one node's server process.
+#[derive(Debug)]
+pub(super) struct NodeIdentity {
+    /// The node's URL, redacted (for logs).
+    url: String,
+    /// Disconnects and failed calls seen on this node: its run id must be read again.
+    epoch: AtomicU64,
+    known: Mutex<Known>,
+}
+
+#[derive(Debug, Default)]
+struct Known {
+    /// The epoch in which the run id was last read (`None`: never).
+    checked: Option<u64>,
+    run_id: Option<String>,
+    /// When the node's current process started, if this runtime saw it restart.
+    restarted_at: Option<Instant>,
+    /// The node refuses `INFO`: its restarts cannot be told (its grants count).
+    unverifiable: bool,
+}
+
+impl NodeIdentity {
+    pub(super) fn new(url: String) -> Arc<Self> {
+        Arc::new(Self {
+            url,
+            epoch: AtomicU64::new(0),
+            known: Mutex::default(),
+        })
+    }
+
+    fn known(&self) -> MutexGuard<'_, Known> {
+        // Every update is a few field writes: a poisoned lock is still consistent.
+        self.known.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The connection to the node broke or a call failed: the node may have restarted.
+    pub(super) fn suspect(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Whether the run id must be read before the node's next grant counts.
+    pub(super) fn needs_check(&self) -> bool {
+        let known = self.known();
+        !known.unverifiable && known.checked != Some(self.epoch.load(Ordering::Acquire))
+    }
+
+    /// Reads the node's run id and uptime (`INFO server`); a changed run id is a restart.
+    /// The caller bounds it (the per-node timeout); a node that does not answer stays
+    /// unchecked (its grants do not count).
+    pub(super) async fn check(&self, node: &RedisBackend) {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let answer = node.server_info().await;
+        let now = Instant::now();
+        let info = match answer {
+            Ok(info) => info,
+            Err(err) if refused(&err) => {
+                let mut known = self.known();
+                if !known.unverifiable {
+                    tracing::warn!(
+                        node = %self.url,
+                        error = %err,
+                        "redlock node refuses INFO: a restart of this node cannot be told, and its grants count as soon as it is back"
+                    );
+                }
+                known.unverifiable = true;
+                return;
+            }
+            Err(_) => return,
+        };
+        let Some(run_id) = info_field(&info, "run_id") else {
+            self.known().unverifiable = true;
+            tracing::warn!(node = %self.url, "redlock node reports no run_id: a restart of this node cannot be told");
+            return;
+        };
+        let uptime = info_field(&info, "uptime_in_seconds")
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0);
+        let mut known = self.known();
+        if known.run_id.as_deref().is_some_and(|old| old != run_id) {
+            // The uptime is whole seconds, rounded down: the restart was no later than this.
+            let restarted_at = now.checked_sub(Duration::from_secs(uptime)).unwrap_or(now);
+            tracing::warn!(
+                node = %self.url,
+                uptime_secs = uptime,
+                "redlock node restarted (its run id changed): its grants do not count until the longest lease has passed since"
+            );
+            known.restarted_at = Some(restarted_at);
+        }
+        known.run_id = Some(run_id.to_owned());
+        known.checked = Some(epoch);
+    }
+
+    /// Whether a grant from this node counts at `now`: its run id was read since the last
+    /// disconnect, and it did not restart within `rejoin_after`.
+    pub(super) fn counts(&self, now: Instant, rejoin_after: Duration) -> bool {
+        let known = self.known();
+        if known.unverifiable {
+            return true;
+        }
+        known.checked == Some(self.epoch.load(Ordering::Acquire))
+            && known.restarted_at.is_none_or(|at| now >= at + rejoin_after)
+    }
+
+    /// How long until a node that restarted within `rejoin_after` counts again.
+    pub(super) fn rejoins_in(&self, now: Instant, rejoin_after: Duration) -> Option<Duration> {
+        let at = self.known().restarted_at? + rejoin_after;
+        (at > now).then(|| at - now)
+    }
+}
+
+/// An error answer from the server itself (e.g. `NOPERM` under an ACL), not a connection
+/// problem.
+fn refused(err: &LockError) -> bool {
+    let Some(source) = std::error::Error::source(err) else {
+        return false;
+    };
+    let Some(err) = source.downcast_ref::<redis::RedisError>() else {
+        return false;
+    };
+    !(err.is_io_error()
+        || err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal())
+}
+
+/// `name:value` from an `INFO` reply.
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        let (field, value) = line.split_once(':')?;
+        (field == name).then(|| value.trim())
+    })
+}
+
+/// A node's notifications: passed on to the runtime, and a disconnect (the connection's
+/// `wake_all`) marks the node suspect, so that its run id is read again before its grants
+/// count.
+pub(super) struct NodeWakeups {
+    pub(super) inner: Arc<dyn Wakeups>,
+    pub(super) identity: Arc<NodeIdentity>,
+}
+
+impl Wakeups for NodeWakeups {
+    fn wake(&self, key: &str) {
+        self.inner.wake(key);
+    }
+
+    fn wake_all(&self) {
+        self.identity.suspect();
+        self.inner.wake_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_fields_are_read_by_name() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n";
+        assert_eq!(info_field(info, "run_id"), Some("abc123"));
+        assert_eq!(info_field(info, "uptime_in_seconds"), Some("42"));
+        assert_eq!(info_field(info, "run"), None);
+    }
+
+    #[test]
+    fn a_node_counts_only_when_checked_since_the_last_disconnect() {
+        let node = NodeIdentity::new("redis://h:1".into());
+        let now = Instant::now();
+        let rejoin = Duration::from_secs(30);
+        assert!(node.needs_check());
+        assert!(!node.counts(now, rejoin), "never checked");
+        {
+            let mut known = node.known();
+            known.checked = Some(0);
+            known.run_id = Some("a".into());
+        }
+        assert!(!node.needs_check());
+        assert!(node.counts(now, rejoin));
+        node.suspect();
+        assert!(node.needs_check());
+        assert!(!node.counts(now, rejoin), "disconnected since the check");
+        {
+            let mut known = node.known();
+            known.checked = Some(1);
+            known.restarted_at = Some(now);
+        }
+        assert!(!node.counts(now, rejoin), "restarted just now");
+        assert_eq!(node.rejoins_in(now, rejoin), Some(rejoin));
+        assert!(node.counts(now + rejoin, rejoin));
+        assert_eq!(node.rejoins_in(now + rejoin, rejoin), None);
+    }
+}
