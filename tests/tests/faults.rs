@@ -423,7 +423,8 @@ async fn cluster_master_restarted_while_tasks_wait_lets_them_acquire_afterwards(
     .await;
 }
 
-/// Waiters on Redlock whose every node restarts empty while they wait get the key afterwards.
+/// Waiters on Redlock whose every node restarts empty while they wait get the key afterwards
+/// (once the restart check lets the restarted nodes count again: `rejoin_after`, 2 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
     let mut nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
@@ -432,7 +433,7 @@ async fn redlock_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
         .map(|s| format!("127.0.0.1:{}", s.port()))
         .collect();
     let url = format!(
-        "redlock://{}?node_timeout=500ms&timeout=1s",
+        "redlock://{}?node_timeout=500ms&timeout=1s&rejoin_after=2s",
         hosts.join(",")
     );
     let holder = Runtime::from_url(&url).await.expect("a redlock runtime");

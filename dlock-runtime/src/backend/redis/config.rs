@@ -399,7 +399,11 @@ mod tests {
         let only_cert = NodeSettings::parse(&format!("rediss://h:1/?cert={p}"));
         let plain = NodeSettings::parse(&format!("redis://h:1/?ca={p}"));
         std::fs::remove_file(&path).ok();
-        assert_eq!(node.is_ok(), cfg!(feature = "tls"), "TLS files need the feature");
+        assert_eq!(
+            node.is_ok(),
+            cfg!(feature = "tls"),
+            "TLS files need the feature"
+        );
         match node {
             Ok(node) => {
                 assert_eq!(node.tls.ca.as_deref(), Some(&b"pem"[..]));
