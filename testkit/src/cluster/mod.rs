@@ -9,8 +9,12 @@
 //! needed, and node `i < 3` starts as the master of slot range `i` with node `i + 3` as its
 //! replica. Roles change with faults: ask the cluster ([`RedisCluster::master_for_key`]).
 //!
-//! Faults: [`kill9`](RedisCluster::kill9), [`pause`](RedisCluster::pause) /
-//! [`resume`](RedisCluster::resume), then [`wait_for_failover`](RedisCluster::wait_for_failover).
+//! [`RedisCluster::start_with_password`] puts a password on every node (`requirepass`,
+//! `masterauth`).
+//!
+//! Faults: [`kill9`](RedisCluster::kill9) (and [`restart`](RedisCluster::restart)),
+//! [`pause`](RedisCluster::pause) / [`resume`](RedisCluster::resume), then
+//! [`wait_for_failover`](RedisCluster::wait_for_failover).
 //! Inspection: a raw slot-routed connection ([`conn`](RedisCluster::conn), and the
 //! [`RedisKeys`] the cluster dereferences to: `cluster.exists(..)`, `cluster.pttl(..)`, ...)
 //! and direct per-node queries ([`node_query`](RedisCluster::node_query),

@@ -1,7 +1,8 @@
 //! `redis-server` for one test: [`RedisServer::start`] runs one on a free loopback port in a
-//! fresh temp dir, without persistence; `RedisServer::start_tls` (feature `tls`) a TLS-only
-//! one with a self-signed certificate. The Redis Cluster of six such processes is
-//! [`crate::cluster`].
+//! fresh temp dir, without persistence; [`RedisServer::start_with_password`] one that requires
+//! a password; `RedisServer::start_tls` (feature `tls`) a TLS-only one with a certificate of a
+//! test CA, and `RedisServer::start_mutual_tls` one that also requires a client certificate.
+//! The Redis Cluster of six such processes is [`crate::cluster`].
 //!
 //! A server is ready when `INFO server` names its own process id, so a neighbour's server on a
 //! reused port cannot pass for it. The raw view of its keys, behind the runtime's back, is

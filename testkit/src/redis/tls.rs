@@ -1,5 +1,6 @@
 //! [`RedisServer::start_tls`]: a TLS-only `redis-server` with a certificate signed by a test
-//! certificate authority made for it.
+//! certificate authority made for it; [`RedisServer::start_mutual_tls`]: one that also requires
+//! a client certificate of that CA (client certificates of it and of another CA are made too).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
