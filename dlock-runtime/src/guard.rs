@@ -76,15 +76,6 @@ impl LockGuard {
         &self.held
     }
 
-    /// Runs `fut` until it completes (`Some`) or the lease is known lost (`None`, `fut`
-    /// dropped): see [`LostSignal::run_unless_lost`].
-    pub(crate) async fn run_unless_lost<F: std::future::Future>(
-        &self,
-        fut: F,
-    ) -> Option<F::Output> {
-        self.held.lost.run_unless_lost(fut).await
-    }
-
     /// The key (without the runtime's prefix).
     pub fn key(&self) -> &str {
         &self.held.key

@@ -298,7 +298,7 @@ pub(crate) async fn protected<T>(
     let fresh = guard.is_first().then(|| guard.held().clone());
     let fut = enter(Frame::new(scope, parent, fresh), fut);
     let out = match on_lost {
-        OnLost::Cancel => match guard.run_unless_lost(fut).await {
+        OnLost::Cancel => match guard.held().lost.run_unless_lost(fut).await {
             Some(out) => out,
             None => {
                 return Err(LockError::Lost {
