@@ -297,6 +297,16 @@ impl RedisCluster {
         self.keys = RedisKeys::cluster(self.live_seeds());
     }
 
+    /// Starts node `i` again on its port and in its directory: after [`kill9`](RedisCluster::kill9)
+    /// at once, otherwise after SIGTERM. It keeps its node id and cluster configuration
+    /// (`nodes.conf`) but no data: there is no persistence. A master restarted before its
+    /// replica was promoted comes back as the master of its slots, empty; one restarted after
+    /// a failover rejoins as a replica of the promoted node.
+    pub fn restart(&mut self, i: usize) {
+        self.nodes[i].process.restart();
+        self.keys = RedisKeys::cluster(self.live_seeds());
+    }
+
     fn stopped(&mut self, i: usize, slots: Vec<(u16, u16)>) {
         self.nodes[i].stopped = Some((Instant::now(), slots));
         self.keys = RedisKeys::cluster(self.live_seeds());
