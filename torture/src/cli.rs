@@ -6,14 +6,15 @@ use std::time::Duration;
 
 /// Printed by `--help` and after a bad argument.
 pub(crate) const USAGE: &str = "\
-usage: torture [--engine ENGINE] [--procs P] [--tasks T] [--seconds S] [--faults LIST]
-               [--keys K] [--seed N]
+usage: torture [--engine ENGINE] [--procs P] [--tasks T] [--seconds S] [--sections N]
+               [--faults LIST] [--keys K] [--seed N]
 
-  --engine ENGINE  memory, redis, cluster, redlock, etcd, zookeeper or all (default all;
-                   all runs them one after another)
+  --engine ENGINE  memory, redis, cluster, redlock, etcd, zookeeper, a comma-separated list of
+                   them, or all (default; all and lists run one engine after another)
   --procs P        worker processes (default 3); memory runs P x T tasks in this process
   --tasks T        tasks per worker, each taking locks in a loop (default 4)
   --seconds S      how long the workers run per engine (default 20)
+  --sections N     and until at least N critical sections ended (default 0)
   --faults LIST    comma-separated: kill, pause, restart; or none (default kill,pause,restart)
   --keys K         keys the tasks contend for (default 3)
   --seed N         seed of the fault injector's choices (default: from the clock, printed)
@@ -103,6 +104,8 @@ pub(crate) struct Options {
     pub(crate) procs: usize,
     pub(crate) tasks: usize,
     pub(crate) run_for: Duration,
+    /// Each engine also runs until this many sections ended (`--sections`).
+    pub(crate) min_sections: u64,
     pub(crate) faults: Vec<Fault>,
     pub(crate) keys: usize,
     pub(crate) seed: Option<u64>,
@@ -117,6 +120,7 @@ impl Default for Options {
             procs: 3,
             tasks: 4,
             run_for: Duration::from_secs(20),
+            min_sections: 0,
             faults: Fault::ALL.to_vec(),
             keys: 3,
             seed: None,
@@ -145,16 +149,12 @@ impl Command {
         while let Some(arg) = args.next() {
             let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
             match arg.as_str() {
-                "--engine" => {
-                    options.engines = match value("--engine")?.as_str() {
-                        "all" => Engine::ALL.to_vec(),
-                        name => vec![
-                            Engine::ALL
-                                .into_iter()
-                                .find(|e| e.name() == name)
-                                .ok_or(format!("unknown engine `{name}`"))?,
-                        ],
-                    }
+                "--engine" => options.engines = parse_engines(&value("--engine")?)?,
+                "--sections" => {
+                    let sections = value("--sections")?;
+                    options.min_sections = sections
+                        .parse()
+                        .map_err(|_| format!("--sections: `{sections}` is not a number"))?;
                 }
                 "--procs" => options.procs = positive("--procs", &value("--procs")?)?,
                 "--tasks" => options.tasks = positive("--tasks", &value("--tasks")?)?,
@@ -185,6 +185,23 @@ fn positive(name: &str, value: &str) -> Result<usize, String> {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!("{name}: expected a positive number, got `{value}`")),
     }
+}
+
+fn parse_engines(list: &str) -> Result<Vec<Engine>, String> {
+    if list == "all" {
+        return Ok(Engine::ALL.to_vec());
+    }
+    let mut engines = Vec::new();
+    for name in list.split(',') {
+        let engine = Engine::ALL
+            .into_iter()
+            .find(|e| e.name() == name)
+            .ok_or(format!("unknown engine `{name}`"))?;
+        if !engines.contains(&engine) {
+            engines.push(engine);
+        }
+    }
+    Ok(engines)
 }
 
 fn parse_faults(list: &str) -> Result<Vec<Fault>, String> {
@@ -320,16 +337,26 @@ mod tests {
         assert_eq!(options.run_for, Duration::from_secs(5));
         assert_eq!(options.faults, [Fault::Pause, Fault::Kill]);
         assert_eq!(options.seed, Some(7));
-        let Ok(Command::Run(options)) = parse(&["--faults", "none"]) else {
+        let Ok(Command::Run(options)) = parse(&[
+            "--faults",
+            "none",
+            "--engine",
+            "redis,zookeeper",
+            "--sections",
+            "100000",
+        ]) else {
             panic!("a run");
         };
         assert!(options.faults.is_empty());
+        assert_eq!(options.engines, [Engine::Redis, Engine::ZooKeeper]);
+        assert_eq!(options.min_sections, 100_000);
     }
 
     #[test]
     fn bad_arguments_are_named() {
         for (args, message) in [
             (&["--engine", "mongo"][..], "unknown engine `mongo`"),
+            (&["--engine", "redis,"][..], "unknown engine ``"),
             (&["--procs", "0"][..], "--procs: expected a positive number"),
             (&["--faults", "kill,nap"][..], "unknown fault `nap`"),
             (&["--seconds"][..], "--seconds needs a value"),

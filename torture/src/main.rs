@@ -38,7 +38,7 @@ use dlock_testkit::RedisServer;
 
 use crate::cli::{Command, Engine, Options, USAGE, WorkerArgs};
 use crate::engine::{LockEngine, Profile, keys_left};
-use crate::faults::{Injected, inject};
+use crate::faults::{Injected, RunEnd, inject};
 use crate::pool::{Failure, Pool};
 use crate::report::Row;
 use crate::rng::Rng;
@@ -92,11 +92,16 @@ async fn run(options: Options) -> ExitCode {
     });
     let faults: Vec<&str> = options.faults.iter().map(|f| f.name()).collect();
     println!(
-        "torture: {} worker processes x {} tasks on {} keys, {} s per engine, faults {}, seed {seed}",
+        "torture: {} worker processes x {} tasks on {} keys, {} s{} per engine, faults {}, seed {seed}",
         options.procs,
         options.tasks,
         options.keys,
         options.run_for.as_secs(),
+        if options.min_sections > 0 {
+            format!(" and {} sections", options.min_sections)
+        } else {
+            String::new()
+        },
         if faults.is_empty() {
             "none".to_owned()
         } else {
@@ -146,7 +151,11 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
         .await
         .map_err(|e| format!("start the store's redis-server: {e}"))?;
     let mut lock_engine = LockEngine::start(engine).await?;
-    let until = Instant::now() + options.run_for;
+    let end = RunEnd {
+        at: Instant::now() + options.run_for,
+        sections: options.min_sections,
+        store: Store::connect(&store_server.url()).await?,
+    };
 
     let (tally, failures, injected) = if engine.has_processes() {
         let template = WorkerArgs {
@@ -166,7 +175,7 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
             &mut lock_engine,
             &options.faults,
             faults,
-            until,
+            &end,
             rng,
         )
         .await;
@@ -174,7 +183,7 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
         (tally, failures, Some(injected?))
     } else {
         let (tally, failures) =
-            run_in_process(&lock_engine, &store_server, options, profile, until).await?;
+            run_in_process(&lock_engine, &store_server, options, profile, &end).await?;
         (tally, failures, None)
     };
 
@@ -186,7 +195,7 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
     let rt = lock_engine.runtime().await?;
     let keys_left = keys_left(&rt, &keys).await;
 
-    let store = Store::connect(&store_server.url()).await?;
+    let store = &end.store;
     let records = store.records().await?;
     let mut finals = Vec::new();
     for key in &keys {
@@ -211,7 +220,7 @@ async fn run_in_process(
     store_server: &RedisServer,
     options: &Options,
     profile: Profile,
-    until: Instant,
+    end: &RunEnd,
 ) -> Result<(Tally, Vec<Failure>), String> {
     let rt = lock_engine.runtime().await?;
     let store = Store::connect(&store_server.url()).await?;
@@ -232,7 +241,10 @@ async fn run_in_process(
             tokio::spawn(worker.run(options.tasks, stop.clone()))
         })
         .collect();
-    tokio::time::sleep(until.saturating_duration_since(Instant::now())).await;
+    tokio::time::sleep(end.at.saturating_duration_since(Instant::now())).await;
+    while !end.reached().await? {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     stop.set();
     let mut tally = Tally::default();
     let mut failures = Vec::new();

@@ -74,11 +74,6 @@ impl Pool {
         Ok(())
     }
 
-    /// How many workers were started so far (replacements included).
-    pub(crate) fn started(&self) -> u32 {
-        self.next_id - 1
-    }
-
     /// SIGKILLs a random worker and starts a new one in its place. Returns the killed id.
     pub(crate) fn kill_one(&mut self, rng: &mut Rng) -> Result<u32, String> {
         let i = rng.below(self.workers.len());

@@ -17,6 +17,9 @@ use redis::aio::MultiplexedConnection;
 /// The Redis list every record is appended to.
 const LOG: &str = "torture:log";
 
+/// The number of end records appended (what `--sections` waits for).
+const ENDED: &str = "torture:ended";
+
 /// How many records one `LRANGE` reads.
 const READ_CHUNK: isize = 20_000;
 
@@ -237,11 +240,27 @@ impl Store {
         }
     }
 
+    /// Appends `record` to the log (an end record also counts one more ended section).
     pub(crate) async fn append(&self, record: &Record) -> Result<(), String> {
         let mut log = self.log.clone();
-        log.rpush::<_, _, ()>(LOG, record.to_string())
+        let mut pipe = redis::pipe();
+        pipe.atomic().rpush(LOG, record.to_string()).ignore();
+        if let Record::End(_) = record {
+            pipe.incr(ENDED, 1).ignore();
+        }
+        pipe.query_async::<()>(&mut log)
             .await
             .map_err(|e| format!("append to the log: {e}"))
+    }
+
+    /// How many sections ended so far (end records appended).
+    pub(crate) async fn ended(&self) -> Result<u64, String> {
+        let mut log = self.log.clone();
+        let ended: Option<u64> = log
+            .get(ENDED)
+            .await
+            .map_err(|e| format!("read the count of sections: {e}"))?;
+        Ok(ended.unwrap_or(0))
     }
 
     /// Every record, in the order the store received them.
