@@ -134,7 +134,9 @@ async fn run(options: Options) -> ExitCode {
             }
         }
     }
-    println!("{}", report::render(&rows));
+    if rows.len() > 1 {
+        println!("{}", report::render(&rows));
+    }
     if rows.iter().any(|row| !row.verdict().violations.is_empty()) {
         ExitCode::FAILURE
     } else {

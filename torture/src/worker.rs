@@ -95,14 +95,14 @@ impl Tally {
 
 /// One worker: its runtime, the store, and how it takes locks.
 pub(crate) struct Worker {
-    pub(crate) id: u32,
-    pub(crate) rt: Runtime,
-    pub(crate) store: Store,
-    pub(crate) keys: usize,
-    pub(crate) lease: Duration,
-    pub(crate) wait: Duration,
+    id: u32,
+    rt: Runtime,
+    store: Store,
+    keys: usize,
+    lease: Duration,
+    wait: Duration,
     /// Whether sections take the lock (`false` only to check the checker).
-    pub(crate) locked: bool,
+    locked: bool,
     next_section: AtomicU64,
     /// End records still being appended from `Drop` (cancelled bodies).
     pending: Arc<Pending>,
