@@ -3,7 +3,8 @@
 //! # Features
 //!
 //! - `macros` (default): re-exports the [`distributed_lock`] attribute.
-//! - `redis` (default): the Redis engines (`redis://`, `redis+cluster://`, `redlock://`).
+//! - `redis` (default): the Redis engines (`redis://`, `redis+cluster://`, `redlock://`), and
+//!   [`fenced`], storage on Redis that rejects writes from stale lock holders.
 //! - `tls`: `rediss://` (TLS through rustls, server certificates verified).
 //! - `etcd`: the etcd engine (`etcd://`); its client's build needs `protoc`.
 //! - `zookeeper`: the ZooKeeper engine (`zk://`).
@@ -17,6 +18,9 @@ mod core;
 mod duration;
 mod engines;
 mod error;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod fenced;
 mod guard;
 mod held;
 mod last_resort;

@@ -1,0 +1,94 @@
+//! The fault injector: until the run's end (a time, and a number of sections), every 0.5–2 s
+//! one fault from the list, chosen at random: SIGKILL a worker (and start a new one), SIGSTOP a worker past its lease (and its
+//! ZooKeeper session) then SIGCONT it, or restart the lock engine.
+
+use std::time::{Duration, Instant};
+
+use crate::cli::Fault;
+use crate::engine::{LockEngine, Profile};
+use crate::pool::Pool;
+use crate::rng::Rng;
+use crate::store::Store;
+
+/// How often the injector prints what it did so far.
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
+
+/// When a run ends: at `at`, once at least `sections` sections ended.
+pub(crate) struct RunEnd {
+    pub(crate) at: Instant,
+    pub(crate) sections: u64,
+    pub(crate) store: Store,
+}
+
+impl RunEnd {
+    pub(crate) async fn ended(&self) -> Result<u64, String> {
+        self.store.ended().await
+    }
+
+    pub(crate) async fn reached(&self) -> Result<bool, String> {
+        Ok(Instant::now() >= self.at && self.ended().await? >= self.sections)
+    }
+}
+
+/// What the injector did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Injected {
+    pub(crate) kills: u32,
+    pub(crate) pauses: u32,
+    pub(crate) restarts: u32,
+    /// When the last fault ended (a dead holder's lock is free a lease after that).
+    pub(crate) last: Option<Instant>,
+}
+
+/// Injects `faults` into `pool` and `engine` until `end`; also replaces any worker that exited
+/// by itself (and notes it as a failure).
+pub(crate) async fn inject(
+    pool: &mut Pool,
+    engine: &mut LockEngine,
+    faults: &[Fault],
+    (profile, keys): (Profile, &[String]),
+    end: &RunEnd,
+    rng: &mut Rng,
+) -> Result<Injected, String> {
+    let mut injected = Injected::default();
+    let start = Instant::now();
+    let mut progress = start + PROGRESS_EVERY;
+    loop {
+        let gap = Duration::from_millis(500 + rng.below(1500) as u64);
+        let left = end.at.saturating_duration_since(Instant::now());
+        tokio::time::sleep(if left.is_zero() { gap } else { gap.min(left) }).await;
+        pool.reap_exited();
+        if end.reached().await? {
+            return Ok(injected);
+        }
+        if Instant::now() >= progress {
+            progress += PROGRESS_EVERY;
+            eprintln!(
+                "  {:>4} s: {} sections ended; {} kills, {} pauses, {} restarts",
+                start.elapsed().as_secs(),
+                end.ended().await?,
+                injected.kills,
+                injected.pauses,
+                injected.restarts,
+            );
+        }
+        if faults.is_empty() {
+            continue;
+        }
+        match faults[rng.below(faults.len())] {
+            Fault::Kill => {
+                pool.kill_one(rng)?;
+                injected.kills += 1;
+            }
+            Fault::Pause => {
+                pool.pause_one(rng, profile.pause()).await;
+                injected.pauses += 1;
+            }
+            Fault::Restart => {
+                engine.restart(rng, keys).await;
+                injected.restarts += 1;
+            }
+        }
+        injected.last = Some(Instant::now());
+    }
+}
