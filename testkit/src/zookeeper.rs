@@ -157,6 +157,28 @@ impl ZooKeeperServer {
         four_letter(self.port, word, FOUR_LETTER_TIMEOUT)
     }
 
+    /// Every ephemeral node the server knows, from the `dump` four-letter word (paths, in dump
+    /// order). Panics if the server does not answer.
+    pub fn ephemeral_nodes(&self) -> Vec<String> {
+        let dump = self
+            .four_letter("dump")
+            .unwrap_or_else(|e| panic!("zookeeper on port {}: dump: {e}", self.port));
+        let section = dump
+            .split("ephemeral nodes dump:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("unexpected dump reply: {dump}"));
+        let section = section
+            .split("Connections dump:")
+            .next()
+            .unwrap_or_default();
+        section
+            .lines()
+            .map(str::trim)
+            .filter(|line| line.starts_with('/'))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// The `srvr` reply (version, mode, node count, ...). Panics if the server does not answer.
     pub fn srvr(&self) -> String {
         self.four_letter("srvr")

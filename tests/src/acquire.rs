@@ -43,6 +43,13 @@ impl HoldExt for Runtime {
 pub trait BuildExt {
     /// Builds the runtime; panics with the error if that fails.
     fn built(self) -> impl Future<Output = Runtime> + Send;
+    /// Builds the runtime and returns the outcome, a runtime or an error; panics naming `what`
+    /// if building gives neither within `within` (it must not hang).
+    fn build_within(
+        self,
+        within: Duration,
+        what: &str,
+    ) -> impl Future<Output = Result<Runtime, LockError>> + Send;
 }
 
 impl BuildExt for RuntimeBuilder {
@@ -50,6 +57,19 @@ impl BuildExt for RuntimeBuilder {
         self.build()
             .await
             .unwrap_or_else(|e| panic!("build a runtime: {e:?}"))
+    }
+
+    fn build_within(
+        self,
+        within: Duration,
+        what: &str,
+    ) -> impl Future<Output = Result<Runtime, LockError>> + Send {
+        let what = format!("{what}: building hung for {within:?}");
+        async move {
+            tokio::time::timeout(within, self.build())
+                .await
+                .unwrap_or_else(|_| panic!("{what}"))
+        }
     }
 }
 

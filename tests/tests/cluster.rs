@@ -47,18 +47,6 @@ async fn acquire_retrying(rt: &Runtime, key: &str, within: Duration) -> (LockGua
     }
 }
 
-/// `PUBSUB SHARDNUMSUB channel` on node `i`: sharded subscribers of the channel there.
-async fn shard_subscribers(cluster: &RedisCluster, i: usize, channel: &str) -> u64 {
-    let reply: Vec<redis::Value> = cluster
-        .node_query(i, redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel))
-        .await
-        .unwrap_or_else(|e| panic!("PUBSUB SHARDNUMSUB on node {i}: {e}"));
-    match reply.get(1) {
-        Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
-        other => panic!("unexpected PUBSUB SHARDNUMSUB reply: {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_on_every_shard_exclude_a_second_runtime_and_release() {
     let cluster = RedisCluster::start();
@@ -239,7 +227,7 @@ async fn release_wakes_a_waiter_on_every_shard_within_500_ms() {
         eventually(
             Duration::from_secs(5),
             &format!("a sharded subscriber of {channel} on node {master}"),
-            || async { shard_subscribers(&cluster, *master, &channel).await >= 1 },
+            || async { cluster.shard_subscribers(*master, &channel).await >= 1 },
         )
         .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -514,7 +502,7 @@ async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
     eventually(
         Duration::from_secs(5),
         "the waiter subscribes on the key's master",
-        || async { shard_subscribers(&cluster, master, &channel).await >= 1 },
+        || async { cluster.shard_subscribers(master, &channel).await >= 1 },
     )
     .await;
     let replica = cluster.replicas_of(master).await[0];
@@ -532,7 +520,12 @@ async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
     let moved = eventually(
         Duration::from_secs(10),
         "the waiter's subscription moves to the promoted replica",
-        || async { shard_subscribers(&cluster, failover.new_master, &channel).await >= 1 },
+        || async {
+            cluster
+                .shard_subscribers(failover.new_master, &channel)
+                .await
+                >= 1
+        },
     )
     .await;
     println!("subscription on the promoted replica {moved:?} after the failover");

@@ -1,20 +1,22 @@
 //! Real faults and bad input: SCRIPT FLUSH, restart, kill -9 and SIGSTOP of the server give
 //! working locks again or a bounded `Backend` error (never a hang, never the body unlocked);
-//! bad configuration gives `InvalidConfig`. On one Redis, a Redis Cluster and Redlock: an
-//! engine that goes down while a lock is held yields `Lost` within the lease, and one that
-//! restarts while tasks wait lets them acquire afterwards; a full Redis (`maxmemory`,
-//! `noeviction`) gives `Backend`, never an unlocked body.
+//! bad configuration gives `InvalidConfig`. On one Redis, a Redis Cluster and Redlock, which
+//! keep no data across a restart: an engine restarted empty under a live holder while tasks
+//! wait lets them acquire afterwards, and the holder learns its lock is gone; a full Redis
+//! (`maxmemory`, `noeviction`) gives `Backend`, never an unlocked body. (An engine killed while
+//! a lock is held, on every engine: conformance
+//! `engine_down_while_held_is_lost_and_waiters_acquire_after_restart`.)
 
 use std::error::Error as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockError, with_lock};
+use dlock_runtime::LockError;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::{
-    AcquireExt, BuildExt, HoldExt, RedisServer, Runtime, SetOnDrop, assert_between, finish_within,
-    lock_key, redis_with_runtime, redis_with_timeout,
+    AcquireExt, BuildExt, HoldExt, RedisServer, Runtime, assert_between, finish_within, lock_key,
+    redis_with_runtime, redis_with_timeout,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -245,50 +247,6 @@ async fn no_engine_is_invalid_config() {
     );
 }
 
-/// Runs `body_lease`-leased `with_lock` on `rt` around a body that would take a minute, applies
-/// `fault` once the body runs, and asserts the call ends in `Err(Lost)` for `key` within the
-/// lease (plus scheduling slack) of the fault, the body dropped before its end.
-async fn lost_within_the_lease(rt: &Runtime, key: &str, lease: Duration, fault: impl FnOnce()) {
-    let completed = Arc::new(AtomicBool::new(false));
-    let dropped = Arc::new(AtomicBool::new(false));
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let (lock, completed, dropped) = (
-            rt.lock(key).lease(lease),
-            completed.clone(),
-            dropped.clone(),
-        );
-        tokio::spawn(with_lock(lock, async move {
-            let _flag = SetOnDrop(dropped);
-            held_tx.send(()).expect("the test waits");
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            completed.store(true, Ordering::SeqCst);
-        }))
-    };
-    held_rx.await.expect("the body runs");
-    fault();
-    let down = Instant::now();
-    let out = tokio::time::timeout(lease + Duration::from_secs(10), task)
-        .await
-        .expect("with_lock must end once the lease is lost")
-        .expect("task");
-    let took = down.elapsed();
-    println!("{key}: with_lock returned {out:?} {took:?} after the engine went down");
-    match out {
-        Err(LockError::Lost { key: k }) => assert_eq!(k, key),
-        other => panic!("{key}: expected Err(Lost), got {other:?}"),
-    }
-    assert!(
-        took <= lease + Duration::from_millis(1500),
-        "{key}: Lost {took:?} after the engine went down, lease {lease:?}"
-    );
-    assert!(dropped.load(Ordering::SeqCst), "the body must be dropped");
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "the body must not run to its end"
-    );
-}
-
 /// Holds `key` on `holder` (6 s lease) while `WAITERS` tasks of `waiters` wait for it (30 s),
 /// restarts the engine with `restart` (empty, as without persistence), and asserts every
 /// waiter then gets the key, one at a time, within 15 s; and the holder learns its lock is
@@ -351,16 +309,6 @@ async fn waiters_acquire_after_a_restart(
         .expect("the holder learns that the restart took its lock");
 }
 
-/// A Redis killed (kill -9) while a `with_lock` body runs: `Err(Lost)` within the lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_killed_while_held_is_lost_within_the_lease() {
-    let (mut server, rt) = redis_with_timeout(TIMEOUT).await;
-    lost_within_the_lease(&rt, "faults:down-held", Duration::from_secs(2), || {
-        server.kill9()
-    })
-    .await;
-}
-
 /// Waiters on a Redis restarted empty while they wait get the key afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
@@ -372,29 +320,6 @@ async fn redis_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
         .await;
     waiters_acquire_after_a_restart(&holder, &waiters, "faults:restart-waiting", || {
         server.restart()
-    })
-    .await;
-}
-
-/// A Redis Cluster shard whose master and replica are killed while a `with_lock` body on it
-/// runs: `Err(Lost)` within the lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_shard_killed_while_held_is_lost_within_the_lease() {
-    let mut cluster = RedisCluster::start();
-    let master = cluster.master_for_slot(0).await;
-    let replica = cluster.replicas_of(master).await[0];
-    let key = cluster
-        .keys_on_master("faults:shard-down", master, 1)
-        .await
-        .remove(0);
-    let rt = Runtime::builder()
-        .redis_cluster(cluster.seeds())
-        .timeout(TIMEOUT)
-        .built()
-        .await;
-    lost_within_the_lease(&rt, &key, Duration::from_secs(2), || {
-        cluster.kill9(master);
-        cluster.kill9(replica);
     })
     .await;
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use dlock_runtime::LockError;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::{
-    AcquireExt, RedisServer, Runtime, captured_logs, hand_off, lock_key, while_held,
+    AcquireExt, BuildExt, RedisServer, Runtime, captured_logs, hand_off, lock_key, while_held,
 };
 
 /// The password of the test servers; must never be printed.
@@ -48,15 +48,10 @@ fn assert_no_secret(text: &str, what: &str) {
 
 /// Builds a runtime on `url` with a 2 s timeout and returns the error it must fail with.
 async fn build_error(url: &str, what: &str) -> LockError {
-    let built = tokio::time::timeout(
-        Duration::from_secs(20),
-        Runtime::builder()
-            .redis(url)
-            .timeout(Duration::from_secs(2))
-            .build(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{what}: building hung"));
+    let builder = Runtime::builder()
+        .redis(url)
+        .timeout(Duration::from_secs(2));
+    let built = builder.build_within(Duration::from_secs(20), what).await;
     let err = built.map(|_| ()).expect_err(what);
     assert_no_secret_in_error(&err, what);
     err
@@ -190,19 +185,14 @@ async fn a_password_protected_cluster_is_configured_by_url_alone() {
             .await;
     }
     let wrong = cluster.seeds()[0].replace(PASSWORD, WRONG);
-    let err = tokio::time::timeout(
-        Duration::from_secs(20),
-        Runtime::builder()
-            .redis_cluster([wrong])
-            .timeout(Duration::from_secs(2))
-            .build(),
-    )
-    .await
-    .expect("building with a wrong password hung")
-    .map(|_| ())
-    .expect_err("a wrong password");
+    let what = "a cluster with a wrong password";
+    let builder = Runtime::builder()
+        .redis_cluster([wrong])
+        .timeout(Duration::from_secs(2));
+    let built = builder.build_within(Duration::from_secs(20), what).await;
+    let err = built.map(|_| ()).expect_err(what);
     assert!(err.is_backend(), "{err:?}");
-    assert_no_secret_in_error(&err, "a cluster with a wrong password");
+    assert_no_secret_in_error(&err, what);
 }
 
 /// The userinfo before the first host of a `redlock://` URL authenticates on every node.

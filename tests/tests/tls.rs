@@ -11,8 +11,8 @@
 use std::time::{Duration, Instant};
 
 use dlock_tests::{
-    AcquireExt, HoldExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on, lock_key,
-    release_wakes_the_waiter,
+    AcquireExt, BuildExt, HoldExt, RedisServer, Runtime, assert_between, assert_watchdog_renews_on,
+    lock_key, release_wakes_the_waiter,
 };
 
 /// Long enough that a TTL-bounded retry cannot explain a prompt wake-up.
@@ -20,15 +20,11 @@ const LEASE: Duration = Duration::from_secs(30);
 
 /// Builds a runtime on `url` with a 2 s engine timeout; panics if building hangs for 20 s.
 async fn build_within_20_s(url: &str) -> Result<Runtime, dlock_tests::LockError> {
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        Runtime::builder()
-            .redis(url)
-            .timeout(Duration::from_secs(2))
-            .build(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("building a runtime on {url} hung for 20 s"))
+    let builder = Runtime::builder()
+        .redis(url)
+        .timeout(Duration::from_secs(2));
+    let what = format!("a runtime on {url}");
+    builder.build_within(Duration::from_secs(20), &what).await
 }
 
 /// Two runtimes on a TLS server: two owners, as two processes would be.

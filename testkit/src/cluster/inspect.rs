@@ -266,6 +266,18 @@ impl RedisCluster {
         cmd.query_async(&mut conn).await
     }
 
+    /// `PUBSUB SHARDNUMSUB channel` on node `i`: sharded subscribers of the channel there.
+    pub async fn shard_subscribers(&self, i: usize, channel: &str) -> u64 {
+        let reply: Vec<redis::Value> = self
+            .node_query(i, redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel))
+            .await
+            .unwrap_or_else(|e| panic!("PUBSUB SHARDNUMSUB on node {i}: {e}"));
+        match reply.get(1) {
+            Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+            other => panic!("unexpected PUBSUB SHARDNUMSUB reply: {other:?}"),
+        }
+    }
+
     /// Whether node `i` itself has `key` (`READONLY` first, so a replica answers too).
     pub async fn exists_on(&self, i: usize, key: &str) -> bool {
         let mut conn = connect(&self.node_url(i), ADMIN_TIMEOUT)

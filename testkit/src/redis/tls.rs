@@ -139,62 +139,72 @@ fn tls_args(dir: &Path, auth_clients: bool) -> Vec<String> {
 /// `key.pem`; RSA 2048, one day, CN and SAN 127.0.0.1) into `dir` with the `openssl` CLI.
 /// Panics with installation advice when `openssl` is missing.
 fn make_certs(dir: &Path) {
-    openssl(
+    make_ca(dir, "ca", "/CN=dlock test CA");
+    make_signed_cert(
         dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca-key.pem",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=dlock test CA",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "cert.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    );
-    std::fs::write(
-        dir.join("cert.ext"),
+        "ca",
+        ("cert", "key.pem"),
+        "/CN=127.0.0.1",
         "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("write the certificate extensions");
+    );
+}
+
+/// Writes a self-signed CA into `dir`: `<name>.pem` and its key `<name>-key.pem` (RSA 2048,
+/// one day, subject `subject`).
+fn make_ca(dir: &Path, name: &str, subject: &str) {
+    let (cert, key) = (format!("{name}.pem"), format!("{name}-key.pem"));
+    openssl(
+        dir,
+        &[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &cert,
+            "-days", "1", "-subj", subject,
+        ],
+    );
+}
+
+/// Writes into `dir` a certificate `<stem>.pem` with its private key `key` (RSA 2048, one day,
+/// subject `subject`, the openssl extension lines `extensions`), signed by the CA `<ca>.pem` /
+/// `<ca>-key.pem` there. The request and the extensions stay beside it (`<stem>.csr`,
+/// `<stem>.ext`).
+fn make_signed_cert(
+    dir: &Path,
+    ca: &str,
+    (stem, key): (&str, &str),
+    subject: &str,
+    extensions: &str,
+) {
+    let (csr, ext, cert) = (
+        format!("{stem}.csr"),
+        format!("{stem}.ext"),
+        format!("{stem}.pem"),
+    );
+    openssl(
+        dir,
+        &[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", &csr, "-subj", subject,
+        ],
+    );
+    std::fs::write(dir.join(&ext), extensions)
+        .unwrap_or_else(|e| panic!("write the extensions of {cert}: {e}"));
+    let (ca_cert, ca_key) = (format!("{ca}.pem"), format!("{ca}-key.pem"));
     openssl(
         dir,
         &[
             "x509",
             "-req",
             "-in",
-            "cert.csr",
+            &csr,
             "-CA",
-            "ca.pem",
+            &ca_cert,
             "-CAkey",
-            "ca-key.pem",
+            &ca_key,
             "-CAcreateserial",
             "-out",
-            "cert.pem",
+            &cert,
             "-days",
             "1",
             "-extfile",
-            "cert.ext",
+            &ext,
         ],
     );
 }
@@ -224,75 +234,19 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// Writes `<name>.pem` and `<name>-key.pem` into `dir`: a client certificate (RSA 2048, one
 /// day, extended key usage clientAuth) signed by the CA `<ca>.pem` / `<ca>-key.pem` there.
 fn make_client_cert(dir: &Path, ca: &str, name: &str) {
-    let (key, csr, cert) = (
-        format!("{name}-key.pem"),
-        format!("{name}.csr"),
-        format!("{name}.pem"),
-    );
-    openssl(
+    let key = format!("{name}-key.pem");
+    make_signed_cert(
         dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            "/CN=dlock test client",
-        ],
-    );
-    let ext = format!("{name}.ext");
-    std::fs::write(
-        dir.join(&ext),
+        ca,
+        (name, &key),
+        "/CN=dlock test client",
         "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
-    )
-    .expect("write the client certificate extensions");
-    let (ca_cert, ca_key) = (format!("{ca}.pem"), format!("{ca}-key.pem"));
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &ca_cert,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-out",
-            &cert,
-            "-days",
-            "1",
-            "-extfile",
-            &ext,
-        ],
     );
 }
 
 /// Writes `foreign-client.pem` and `foreign-client-key.pem`: a client certificate signed by
 /// another CA (`foreign-ca.pem`), which the test server does not trust.
 fn make_foreign_client_cert(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "foreign-ca-key.pem",
-            "-out",
-            "foreign-ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=another CA",
-        ],
-    );
+    make_ca(dir, "foreign-ca", "/CN=another CA");
     make_client_cert(dir, "foreign-ca", "foreign-client");
 }

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use dlock_runtime::testing::zookeeper_segment;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::etcd::EtcdServer;
 use dlock_tests::zookeeper::ZooKeeperServer;
-use dlock_tests::{RedisServer, Runtime, lock_key};
+use dlock_tests::{RedisServer, Runtime, eventually, lock_key, released_channel};
 
 /// The six engines every behaviour runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +38,20 @@ pub(crate) struct Params {
     pub(crate) wake_within: Duration,
     /// Whether `fence()` is a token: everywhere but Redlock, where it is `None`.
     pub(crate) fences: bool,
+    /// The lease of a lock held when the engine goes down: 2 s; 3 s on etcd (whole seconds,
+    /// above its 2 s minimum); on ZooKeeper 30 s, since there the session bounds a loss, not
+    /// the lease. (The memory engine cannot go down.)
+    pub(crate) down_lease: Duration,
+    /// Bound from the engine going down to the holder's body ending in `Lost` (nothing can
+    /// confirm a renewal, so the validity runs out locally): `down_lease` plus 1.5 s on the
+    /// Redis family, plus 0.7 s on etcd; on ZooKeeper the negotiated session
+    /// ([`ZK_DOWN_SESSION`]) plus 0.7 s.
+    pub(crate) lost_within: Duration,
 }
+
+/// The longest session the ZooKeeper server of [`Fixture::start_for_faults`] grants (its
+/// `maxSessionTimeout`), while the runtimes ask for the default 10 s.
+const ZK_DOWN_SESSION: Duration = Duration::from_secs(2);
 
 /// Redlock's per-node timeout in these tests: a slow node on a loaded box must not turn into
 /// a missing vote.
@@ -50,6 +64,8 @@ impl Engine {
             hold_for: Duration::from_secs(5),
             wake_within: Duration::from_millis(200),
             fences: true,
+            down_lease: Duration::from_secs(2),
+            lost_within: Duration::from_millis(3500),
         };
         match self {
             Engine::Memory | Engine::Redis => one_second,
@@ -66,9 +82,15 @@ impl Engine {
                 short_lease: Duration::from_secs(2),
                 hold_for: Duration::from_secs(6),
                 wake_within: Duration::from_millis(500),
+                down_lease: Duration::from_secs(3),
+                lost_within: Duration::from_millis(3700),
                 ..one_second
             },
-            Engine::ZooKeeper => Engine::Etcd.params(),
+            Engine::ZooKeeper => Params {
+                down_lease: Duration::from_secs(30),
+                lost_within: ZK_DOWN_SESSION + Duration::from_millis(700),
+                ..Engine::Etcd.params()
+            },
         }
     }
 }
@@ -88,11 +110,28 @@ enum Servers {
 pub(crate) struct Fixture {
     pub(crate) engine: Engine,
     servers: Servers,
+    /// The nodes [`kill_engine`](Fixture::kill_engine) killed (Cluster, Redlock), for
+    /// [`restart_engine`](Fixture::restart_engine).
+    down: Vec<usize>,
 }
 
 impl Fixture {
     /// Starts the engine's servers and waits until they serve.
     pub(crate) async fn start(engine: Engine) -> Fixture {
+        Fixture::start_with(engine, ZooKeeperServer::start).await
+    }
+
+    /// Like [`start`](Fixture::start), for the engine going down: ZooKeeper's server grants
+    /// sessions of at most [`ZK_DOWN_SESSION`] while the runtimes ask for the default 10 s, so a
+    /// holder must count on the session the server negotiated, the engine's documented bound.
+    pub(crate) async fn start_for_faults(engine: Engine) -> Fixture {
+        Fixture::start_with(engine, || {
+            ZooKeeperServer::start_with_max_session_timeout(ZK_DOWN_SESSION)
+        })
+        .await
+    }
+
+    async fn start_with(engine: Engine, zookeeper: impl FnOnce() -> ZooKeeperServer) -> Fixture {
         let servers = match engine {
             Engine::Memory => Servers::Memory(
                 Runtime::from_url("memory://")
@@ -109,9 +148,13 @@ impl Fixture {
                     .collect()
             })),
             Engine::Etcd => Servers::Etcd(EtcdServer::start()),
-            Engine::ZooKeeper => Servers::ZooKeeper(ZooKeeperServer::start()),
+            Engine::ZooKeeper => Servers::ZooKeeper(zookeeper()),
         };
-        Fixture { engine, servers }
+        Fixture {
+            engine,
+            servers,
+            down: Vec::new(),
+        }
     }
 
     pub(crate) fn params(&self) -> Params {
@@ -198,5 +241,94 @@ impl Fixture {
             "{:?}: no lock record of {key:?} to delete",
             self.engine
         );
+    }
+
+    /// Waits until `n` waiters for `key`, each on a runtime of its own, wait at the engine (each
+    /// has made its first attempt): `n` contenders queued behind the holder (etcd keys,
+    /// ZooKeeper nodes), or `n` subscriptions to the key's release channel (Redis; sharded, on
+    /// the key's master, on Cluster; on every node for Redlock). Panics after `within`.
+    pub(crate) async fn wait_for_waiters(&self, key: &str, n: usize, within: Duration) {
+        let what = format!("{:?}: {n} waiters for {key:?} at the engine", self.engine);
+        eventually(within, &what, || async {
+            self.waiters_at_engine(key).await >= n
+        })
+        .await;
+    }
+
+    /// How many waiters for `key` the engine sees (see [`wait_for_waiters`](Self::wait_for_waiters)).
+    async fn waiters_at_engine(&self, key: &str) -> usize {
+        let channel = released_channel(key);
+        let count = |n: u64| usize::try_from(n).expect("a subscriber count");
+        match &self.servers {
+            Servers::Memory(_) => panic!("the memory engine has no server to ask about waiters"),
+            Servers::Redis(server) => count(server.subscribers(&channel).await),
+            Servers::Cluster(cluster) => {
+                let master = cluster.master_for_key(key).await;
+                count(cluster.shard_subscribers(master, &channel).await)
+            }
+            Servers::Redlock(servers) => {
+                let mut fewest = usize::MAX;
+                for server in servers {
+                    fewest = fewest.min(count(server.subscribers(&channel).await));
+                }
+                fewest
+            }
+            Servers::Etcd(etcd) => tokio::task::block_in_place(|| {
+                let contenders = etcd.get_prefix(&format!("dlock:{key}/"));
+                contenders.len().saturating_sub(1)
+            }),
+            Servers::ZooKeeper(zk) => {
+                let parent = format!("/dlock/{}/", zookeeper_segment(key));
+                let nodes = tokio::task::block_in_place(|| zk.ephemeral_nodes());
+                let queued = nodes.iter().filter(|n| n.starts_with(&parent)).count();
+                queued.saturating_sub(1)
+            }
+        }
+    }
+
+    /// Takes the engine down with kill -9 so that nothing can confirm a renewal of `key`: its
+    /// one server (Redis, etcd, ZooKeeper); on Cluster the master of the key's slot and its
+    /// replicas (a replica left alive would be promoted, with the lock); on Redlock enough nodes
+    /// to lose the quorum (two of three). [`restart_engine`](Self::restart_engine) brings them
+    /// back.
+    pub(crate) async fn kill_engine(&mut self, key: &str) {
+        match &mut self.servers {
+            Servers::Memory(_) => {
+                panic!("the memory engine lives in its runtime: it cannot go down on its own")
+            }
+            Servers::Redis(server) => server.kill9(),
+            Servers::Cluster(cluster) => {
+                let master = cluster.master_for_key(key).await;
+                let mut shard = vec![master];
+                shard.extend(cluster.replicas_of(master).await);
+                for &i in &shard {
+                    cluster.kill9(i);
+                }
+                self.down = shard;
+            }
+            Servers::Redlock(servers) => {
+                let quorum = servers.len() / 2 + 1;
+                self.down = (0..=servers.len() - quorum).collect();
+                for &i in &self.down {
+                    servers[i].kill9();
+                }
+            }
+            Servers::Etcd(etcd) => etcd.kill9(),
+            Servers::ZooKeeper(zk) => zk.kill9(),
+        }
+    }
+
+    /// Restarts what [`kill_engine`](Self::kill_engine) killed, on the same ports: Redis and
+    /// Redis Cluster nodes come back empty (no persistence), etcd and ZooKeeper with their data.
+    pub(crate) fn restart_engine(&mut self) {
+        let down = std::mem::take(&mut self.down);
+        tokio::task::block_in_place(|| match &mut self.servers {
+            Servers::Memory(_) => unreachable!("the memory engine cannot go down"),
+            Servers::Redis(server) => server.restart(),
+            Servers::Cluster(cluster) => down.iter().for_each(|&i| cluster.restart(i)),
+            Servers::Redlock(servers) => down.iter().for_each(|&i| servers[i].restart()),
+            Servers::Etcd(etcd) => etcd.restart(),
+            Servers::ZooKeeper(zk) => zk.restart(),
+        });
     }
 }
