@@ -87,7 +87,7 @@
 //!
 //! The store is one Redis server (`redis://`, or `rediss://` with the `tls` feature), not a
 //! cluster. Its URL takes the redis client's query options (`db`, `user`, `pass`,
-//! `protocol`), `ca` (as for the lock engine), `prefix` (default `fenced:`) and `timeout`
+//! `protocol`), `ca`, `cert`, `key` (as for the lock engine), `prefix` (default `fenced:`) and `timeout`
 //! (each call's bound, default 3 s). A bad URL is [`LockError::InvalidConfig`]; a server that
 //! is down or does not answer within the timeout is [`LockError::Backend`]. Passwords never
 //! appear in errors or `Debug` output.
@@ -98,11 +98,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, RedisError, Script};
+use redis::{RedisError, Script};
 
 use crate::LockError;
-use crate::backend::redis::config::{CLIENT_OPTIONS, check_tls, node_urls, redact, take_ca};
-use crate::backend::url::{EngineUrl, split_pair};
+use crate::backend::redis::config::{CLIENT_OPTIONS, NodeSettings, check_tls, node_urls};
+use crate::backend::url::{EngineUrl, redact, split_pair};
 
 /// The default prefix of the store's keys.
 pub const DEFAULT_STORE_PREFIX: &str = "fenced:";
@@ -354,29 +354,9 @@ fn parse_url(url: &str) -> Result<(String, String, Duration), LockError> {
     Ok((node, prefix, timeout))
 }
 
-/// A redis client for `node` (a `ca` option becomes the TLS roots).
+/// A redis client for `node` (its `db`, `user`, `pass` applied; `ca`, `cert`, `key` read).
 fn client(node: &str) -> Result<redis::Client, LockError> {
-    let (url, ca) = take_ca(node)?;
-    let bad_url =
-        |e: RedisError| LockError::config(format!("bad redis url `{}`: {e}", redact(&url)));
-    let info = url.as_str().into_connection_info().map_err(bad_url)?;
-    match ca {
-        None => redis::Client::open(info).map_err(bad_url),
-        #[cfg(feature = "tls")]
-        Some(root_cert) => redis::Client::build_with_tls(
-            info,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(root_cert),
-            },
-        )
-        .map_err(bad_url),
-        #[cfg(not(feature = "tls"))]
-        Some(_) => Err(LockError::config(format!(
-            "`{}`: `ca` needs the `tls` feature of dlock-runtime",
-            redact(&url)
-        ))),
-    }
+    NodeSettings::parse(node)?.client()
 }
 
 /// An I/O "timed out" error as the source of a `Backend` error.
@@ -422,7 +402,7 @@ mod tests {
         let err = parse_url("redis://h:1?lease=1s").expect_err("unknown option");
         assert!(
             err.to_string()
-                .contains("expected prefix, timeout, protocol, db, user, pass or ca"),
+                .contains("expected prefix, timeout, protocol, db, user, pass, ca, cert or key"),
             "{err}"
         );
     }
