@@ -160,8 +160,8 @@ pub(crate) fn render(rows: &[Row]) -> String {
         let _ = writeln!(
             out,
             "- {} ({:.0?}): {} rejected claims or writes, {} writes that never learnt their answer \
-             (not in the history); workers saw {} leases lost, {} timeouts, {} lock errors, {} \
-             store errors",
+             (not in the history); the workers still running at the end saw {} leases lost, {} \
+             timeouts, {} lock errors, {} store errors",
             row.engine,
             row.took,
             f.rejected,
