@@ -6,7 +6,7 @@ usage: dlock-bench [--quick] [--only SECTION,...]
 
   --quick         smaller counts and shorter holds in every section
   --only LIST     run just these sections (comma-separated, in the table's order):
-                  seq, par, hot, many, macro, multi, cp
+                  seq, par, hot, many, macro, multi, cp, peer
   -h, --help      print this
 
 The cp section (etcd and ZooKeeper) needs the cp-engines feature.";
@@ -21,11 +21,12 @@ pub(crate) enum Section {
     Macro,
     Multi,
     Cp,
+    Peer,
 }
 
 impl Section {
     /// Every section, in the order the table prints them.
-    pub(crate) const ALL: [Section; 7] = [
+    pub(crate) const ALL: [Section; 8] = [
         Section::Seq,
         Section::Par,
         Section::Hot,
@@ -33,6 +34,7 @@ impl Section {
         Section::Macro,
         Section::Multi,
         Section::Cp,
+        Section::Peer,
     ];
 
     fn name(self) -> &'static str {
@@ -44,6 +46,7 @@ impl Section {
             Section::Macro => "macro",
             Section::Multi => "multi",
             Section::Cp => "cp",
+            Section::Peer => "peer",
         }
     }
 }
