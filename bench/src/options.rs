@@ -9,7 +9,8 @@ usage: dlock-bench [--quick] [--only SECTION,...]
                   seq, par, hot, many, macro, multi, cp, peer
   -h, --help      print this
 
-The cp section (etcd and ZooKeeper) needs the cp-engines feature.";
+The cp section (etcd and ZooKeeper) needs the cp-engines feature. The peer section
+compares with rslock; DLOCK_BENCH_RSLOCK_RETRY=COUNT,DELAY_MS sets its retries.";
 
 /// A section of the table, one workload family (or half of one).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

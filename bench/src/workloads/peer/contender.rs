@@ -57,7 +57,11 @@ pub(crate) enum Held {
 
 impl Contender {
     /// `kind` on the server at `url`, its keys (dlock's) under `prefix`.
-    pub(crate) async fn connect(kind: Kind, url: &str, prefix: &str) -> Result<Contender, BoxError> {
+    pub(crate) async fn connect(
+        kind: Kind,
+        url: &str,
+        prefix: &str,
+    ) -> Result<Contender, BoxError> {
         Ok(match kind {
             Kind::Dlock => Contender::Dlock(
                 Runtime::builder()

@@ -48,12 +48,18 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     for contender in &both {
         in_process.push(hot_key_in_process(contender, url, 256, target).await?);
     }
-    rows.extend(hot_key_rows("hot key, 256 tasks in one process", &in_process)?);
+    rows.extend(hot_key_rows(
+        "hot key, 256 tasks in one process",
+        &in_process,
+    )?);
     let mut in_processes = Vec::new();
     for kind in Kind::BOTH {
         in_processes.push(worker::hot_key_in_processes(kind, url, (4, 64), target).await?);
     }
-    rows.extend(hot_key_rows("hot key, 4 processes x 64 tasks", &in_processes)?);
+    rows.extend(hot_key_rows(
+        "hot key, 4 processes x 64 tasks",
+        &in_processes,
+    )?);
     Ok(rows)
 }
 
@@ -195,7 +201,8 @@ fn hot_key_rows(what: &str, outcomes: &[Outcome]) -> Result<Vec<Row>, BoxError> 
     )];
     let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1e3);
     let gave_up = format!(
-        "; {} lock() calls out of retries, {} failed tries",
+        "; retry {}: {} lock() calls out of retries, {} failed tries",
+        rslock::retry_label()?,
         r.gave_up,
         rslock.failed_tries()
     );

@@ -7,9 +7,9 @@ use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 
 use super::contest::{Names, Tally};
+use crate::BoxError;
 use crate::baselines::raw_conn;
 use crate::commandstats::{self, Calls};
-use crate::BoxError;
 
 /// How long a run may take before the referee gives up on it.
 pub(crate) const RUN_LIMIT: Duration = Duration::from_secs(120);

@@ -7,13 +7,42 @@ use rslock::{Lock, LockError, LockManager};
 
 use crate::BoxError;
 
-/// Tries per `lock()` call. rslock sleeps a random time in `[0, RETRY_DELAY)` between tries
-/// (its defaults are 3 tries and 200 ms, which give up within about 0.4 s); 500 tries of a
-/// 10 ms delay give a call a budget of about 2.5 s, so that a waiting task gives up rarely.
-pub(crate) const RETRY_COUNT: u32 = 500;
+/// Tries per `lock()` call and the upper bound of rslock's random sleep between two tries,
+/// unless `DLOCK_BENCH_RSLOCK_RETRY=COUNT,DELAY_MS` says otherwise (worker processes inherit
+/// it). The delay is rslock's default (200 ms: a sleep of 100 ms on average, so that waiting
+/// tasks leave Redis to the holder); its default 3 tries give up within about 0.3 s, so the
+/// count is raised to 50, a budget of about 5 s per call.
+const RETRY: (u32, Duration) = (50, Duration::from_millis(200));
 
-/// The upper bound of rslock's random sleep between tries: a 10 ms poll, on average 5 ms.
-pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(10);
+/// The variable that overrides [`RETRY`].
+const RETRY_VAR: &str = "DLOCK_BENCH_RSLOCK_RETRY";
+
+/// The retry settings in force: [`RETRY`] or [`RETRY_VAR`]'s.
+pub(crate) fn retry() -> Result<(u32, Duration), BoxError> {
+    match std::env::var(RETRY_VAR) {
+        Ok(value) => parse_retry(&value),
+        Err(_) => Ok(RETRY),
+    }
+}
+
+/// Reads `COUNT,DELAY_MS`.
+fn parse_retry(value: &str) -> Result<(u32, Duration), BoxError> {
+    let bad = || format!("{RETRY_VAR}={value:?}: expected COUNT,DELAY_MS, both above 0");
+    let (count, delay) = value.split_once(',').ok_or_else(bad)?;
+    let count: u32 = count.trim().parse().map_err(|_| bad())?;
+    let delay: u64 = delay.trim().parse().map_err(|_| bad())?;
+    if count == 0 || delay == 0 {
+        // rslock draws the sleep from 0..delay, which panics on an empty range
+        return Err(bad().into());
+    }
+    Ok((count, Duration::from_millis(delay)))
+}
+
+/// The retry settings as the table states them, e.g. `50 tries, sleeps < 200 ms`.
+pub(crate) fn retry_label() -> Result<String, BoxError> {
+    let (count, delay) = retry()?;
+    Ok(format!("{count} tries, sleeps < {} ms", delay.as_millis()))
+}
 
 /// rslock on one Redis server, over its own multiplexed connection.
 #[derive(Clone)]
@@ -23,11 +52,12 @@ pub(crate) struct Rslock {
 }
 
 impl Rslock {
-    /// A lock manager for the server at `url` with `lease` and the retry settings above. The
+    /// A lock manager for the server at `url` with `lease` and the retry settings of [`retry`]. The
     /// connection is opened by the first call.
     pub(crate) fn new(url: &str, lease: Duration) -> Result<Rslock, BoxError> {
         let mut manager = LockManager::from_clients(vec![redis::Client::open(url)?]);
-        manager.set_retry(RETRY_COUNT, RETRY_DELAY);
+        let (count, delay) = retry()?;
+        manager.set_retry(count, delay);
         Ok(Rslock { manager, lease })
     }
 
@@ -43,5 +73,22 @@ impl Rslock {
     /// Releases `lock` (rslock's release is best effort and reports nothing).
     pub(crate) async fn unlock(&self, lock: Lock) {
         self.manager.unlock(&lock).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_settings_read_count_and_delay() {
+        assert_eq!(
+            parse_retry("100, 50").unwrap(),
+            (100, Duration::from_millis(50))
+        );
+        for bad in ["100", "0,50", "100,0", "x,50", "100,50ms"] {
+            let e = parse_retry(bad).unwrap_err().to_string();
+            assert!(e.contains("expected COUNT,DELAY_MS"), "{bad}: {e}");
+        }
     }
 }
