@@ -21,7 +21,10 @@
 //!   hand with `lock().acquire()` + body + `release()`, on the memory and Redis backends;
 //! - `multi`: Redlock (3 and 5 nodes) and a Cluster (3 masters, a replica each) against
 //!   standalone Redis, and the floor of a fan-out on this machine;
-//! - `cp` (feature `cp-engines`): etcd and ZooKeeper against their own raw round trips.
+//! - `cp` (feature `cp-engines`): etcd and ZooKeeper against their own raw round trips;
+//! - `peer`: dlock against rslock 0.10 in the same run: sequential latency, commands per
+//!   acquire + release, distinct keys, a hot key in one process and across 4 processes (the
+//!   program re-executed with the hidden `peer-worker` subcommand).
 //!
 //! Layout: [`options`] reads the command line, [`workloads`] holds one module per family,
 //! [`baselines`] the raw client calls they are compared with, [`stats`] percentiles and ratios,
@@ -42,7 +45,7 @@ use dlock_runtime::Runtime;
 use dlock_testkit::RedisServer;
 
 use crate::options::{Options, Section};
-use crate::workloads::{attribute, distinct_keys, fan_out, hot_key, sequential};
+use crate::workloads::{attribute, distinct_keys, fan_out, hot_key, peer, sequential};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -64,7 +67,13 @@ async fn start<T: Send + 'static>(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), BoxError> {
-    let options = match Options::parse(std::env::args().skip(1)) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some((first, rest)) = args.split_first()
+        && first == peer::worker::SUBCOMMAND
+    {
+        return peer::worker::run(rest).await;
+    }
+    let options = match Options::parse(args) {
         Ok(Some(options)) => options,
         Ok(None) => {
             println!("{}", options::USAGE);
@@ -97,6 +106,7 @@ async fn main() -> Result<(), BoxError> {
             Section::Macro => attribute::rows(&setup).await?,
             Section::Multi => fan_out::rows(&setup).await?,
             Section::Cp => workloads::cp_rows(&setup).await?,
+            Section::Peer => peer::rows(&setup).await?,
         });
     }
     report::print(&rows);

@@ -6,10 +6,11 @@ usage: dlock-bench [--quick] [--only SECTION,...]
 
   --quick         smaller counts and shorter holds in every section
   --only LIST     run just these sections (comma-separated, in the table's order):
-                  seq, par, hot, many, macro, multi, cp
+                  seq, par, hot, many, macro, multi, cp, peer
   -h, --help      print this
 
-The cp section (etcd and ZooKeeper) needs the cp-engines feature.";
+The cp section (etcd and ZooKeeper) needs the cp-engines feature. The peer section
+compares with rslock; DLOCK_BENCH_RSLOCK_RETRY=COUNT,DELAY_MS sets its retries.";
 
 /// A section of the table, one workload family (or half of one).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -21,11 +22,12 @@ pub(crate) enum Section {
     Macro,
     Multi,
     Cp,
+    Peer,
 }
 
 impl Section {
     /// Every section, in the order the table prints them.
-    pub(crate) const ALL: [Section; 7] = [
+    pub(crate) const ALL: [Section; 8] = [
         Section::Seq,
         Section::Par,
         Section::Hot,
@@ -33,6 +35,7 @@ impl Section {
         Section::Macro,
         Section::Multi,
         Section::Cp,
+        Section::Peer,
     ];
 
     fn name(self) -> &'static str {
@@ -44,6 +47,7 @@ impl Section {
             Section::Macro => "macro",
             Section::Multi => "multi",
             Section::Cp => "cp",
+            Section::Peer => "peer",
         }
     }
 }

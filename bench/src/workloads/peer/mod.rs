@@ -1,0 +1,240 @@
+//! Section `peer`: dlock against rslock 0.10, the most used Rust Redis lock, in the same run on
+//! the same server, each with its own multiplexed connection and a 10 s lease:
+//! - sequential acquire + release, both against two raw `EVALSHA` round trips;
+//! - Redis commands per uncontended acquire + release, those inside scripts included;
+//! - 64 tasks on distinct keys;
+//! - a hot key, 256 tasks in this process, critical section `GET` + `SET` of a counter on one
+//!   shared connection: sales/s, tasks that never sold, longest wait;
+//! - the same hot key from 4 worker processes of 64 tasks: sales/s, each process's share.
+//!
+//! Layout: [`contender`] puts both libraries behind one face ([`rslock`] is rslock's side),
+//! [`contest`] is the hot-key tasks of one process, [`referee`] starts and ends a hot-key run
+//! and reads its counters, [`worker`] runs the contest in separate processes.
+
+mod contender;
+mod contest;
+mod referee;
+mod rslock;
+pub(crate) mod worker;
+
+use std::time::{Duration, Instant};
+
+use crate::commandstats;
+use crate::report::Row;
+use crate::stats::{p50, ratio, sorted, times, us};
+use crate::{BoxError, Setup, baselines};
+use contender::{Contender, Kind};
+use referee::{Outcome, Referee};
+
+/// Where dlock's keys of this section live.
+const PREFIX: &str = "peer:";
+
+/// Section `peer`.
+pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
+    let (url, scale) = (setup.url.as_str(), setup.options.scale());
+    let dlock = Contender::connect(Kind::Dlock, url, PREFIX).await?;
+    let rslock = Contender::connect(Kind::Rslock, url, PREFIX).await?;
+    for contender in [&dlock, &rslock] {
+        pairs(contender, "warm", 500).await?;
+    }
+    let both = [dlock, rslock];
+    let mut rows = vec![
+        sequential_row(url, &both, 10 * scale).await?,
+        commands_row(url, &both, 250 * scale).await?,
+        distinct_keys_row(&both, 64, 250 * scale).await?,
+    ];
+    let target = 1500 * scale as u64;
+    let mut in_process = Vec::new();
+    for contender in &both {
+        in_process.push(hot_key_in_process(contender, url, 256, target).await?);
+    }
+    rows.extend(hot_key_rows(
+        "hot key, 256 tasks in one process",
+        &in_process,
+    )?);
+    let mut in_processes = Vec::new();
+    for kind in Kind::BOTH {
+        in_processes.push(worker::hot_key_in_processes(kind, url, (4, 64), target).await?);
+    }
+    rows.extend(hot_key_rows(
+        "hot key, 4 processes x 64 tasks",
+        &in_processes,
+    )?);
+    Ok(rows)
+}
+
+/// `n` acquire + release pairs of `key`, after `n / 10` unmeasured.
+async fn pairs(contender: &Contender, key: &str, n: usize) -> Result<Vec<Duration>, BoxError> {
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        contender.pair(key).await?;
+        if i >= n / 10 {
+            lat.push(t.elapsed());
+        }
+    }
+    Ok(lat)
+}
+
+/// Sequential p50 of both against two raw `EVALSHA`, in `rounds` interleaved rounds of 100.
+async fn sequential_row(url: &str, both: &[Contender; 2], rounds: usize) -> Result<Row, BoxError> {
+    let (mut floor, mut lat) = (Vec::new(), [Vec::new(), Vec::new()]);
+    for _ in 0..rounds {
+        floor.extend(baselines::evalsha_pairs(url, 100).await?);
+        for (contender, lat) in both.iter().zip(&mut lat) {
+            lat.extend(pairs(contender, "seq", 100).await?);
+        }
+    }
+    let floor = p50(&sorted(floor));
+    let [d, r] = lat.map(|l| p50(&sorted(l)));
+    let (dx, rx) = (times(ratio(d, floor)), times(ratio(r, floor)));
+    Ok(Row::new(
+        "peer: sequential acquire+release p50, vs 2 raw EVALSHA",
+        format!("{} = {dx}", us(d)),
+        format!("rslock {} = {rx}; 2 raw EVALSHA {}", us(r), us(floor)),
+        format!("dlock {dx}, rslock {rx} raw"),
+        "<= 1.1x 2 raw EVALSHA",
+    ))
+}
+
+/// Commands Redis ran per uncontended acquire + release (`INFO commandstats`, scripts'
+/// commands included), over `n` pairs of each.
+async fn commands_row(url: &str, both: &[Contender; 2], n: usize) -> Result<Row, BoxError> {
+    let mut stats = baselines::raw_conn(url).await?;
+    let mut per_pair = [0.0; 2];
+    for (contender, per_pair) in both.iter().zip(&mut per_pair) {
+        let before = commandstats::read(&mut stats).await?;
+        pairs(contender, "cmds", n).await?;
+        let after = commandstats::read(&mut stats).await?;
+        *per_pair = commandstats::delta_all(&before, &after) as f64 / (n + n / 10) as f64;
+    }
+    let [d, r] = per_pair;
+    Ok(Row::new(
+        "peer: Redis commands per uncontended acquire+release, scripts included",
+        format!("{d:.2}"),
+        format!("rslock {r:.2}"),
+        format!("{:.2}x rslock", d / r),
+        "<= 6",
+    ))
+}
+
+/// `tasks` tasks on a key each, `per_task` pairs each: both contenders in two alternating
+/// rounds of half the pairs, so drift hits both alike.
+async fn distinct_keys_row(
+    both: &[Contender; 2],
+    tasks: usize,
+    per_task: usize,
+) -> Result<Row, BoxError> {
+    let mut spent = [Duration::ZERO; 2];
+    for _ in 0..2 {
+        for (contender, spent) in both.iter().zip(&mut spent) {
+            let t = Instant::now();
+            let mut set = tokio::task::JoinSet::new();
+            for k in 0..tasks {
+                let contender = contender.clone();
+                set.spawn(async move {
+                    let key = format!("par:{k}");
+                    for _ in 0..per_task / 2 {
+                        contender.pair(&key).await?;
+                    }
+                    Ok::<_, BoxError>(())
+                });
+            }
+            while let Some(r) = set.join_next().await {
+                r??;
+            }
+            *spent += t.elapsed();
+        }
+    }
+    let [d, r] = spent.map(|s| (tasks * (per_task / 2) * 2) as f64 / s.as_secs_f64());
+    Ok(Row::new(
+        format!("peer: {tasks} tasks, distinct keys"),
+        format!("{d:.0} pairs/s"),
+        format!("rslock {r:.0} pairs/s"),
+        format!("{:.2}x rslock", d / r),
+        ">= 1.0x rslock",
+    ))
+}
+
+/// `tasks` tasks of this process contending with `contender` until `target` sales.
+async fn hot_key_in_process(
+    contender: &Contender,
+    url: &str,
+    tasks: usize,
+    target: u64,
+) -> Result<Outcome, BoxError> {
+    let names = contest::Names::new(&format!("hot-{}", contender.kind().name()));
+    let mut referee = Referee::new(url, &names).await?;
+    referee.start().await?;
+    let (tally, elapsed) = tokio::try_join!(
+        contest::contest(contender, url, &names, tasks, target),
+        referee.target_sold()
+    )?;
+    referee.outcome(elapsed, vec![tally]).await
+}
+
+/// The rows of one hot-key workload, dlock's outcome first. A dlock counter that is not
+/// exact is an error; rslock's lost updates are reported.
+fn hot_key_rows(what: &str, outcomes: &[Outcome]) -> Result<Vec<Row>, BoxError> {
+    let [dlock, rslock] = outcomes else {
+        return Err("one outcome per contender".into());
+    };
+    let (d, r) = (dlock.total(), rslock.total());
+    if dlock.counter != d.sales {
+        return Err(format!(
+            "dlock, {what}: counter {} after {} sales: holders overlapped",
+            dlock.counter, d.sales
+        )
+        .into());
+    }
+    let lost = match rslock.lost_updates() {
+        0 => String::new(),
+        n => format!(", {n} LOST UPDATES"),
+    };
+    let sales = |o: &Outcome| format!("{:.0} sales/s", o.sales_per_sec());
+    let mut rows = vec![Row::new(
+        format!("peer: {what}, sales/s"),
+        format!("{} (counter exact, {} sales)", sales(dlock), d.sales),
+        format!("rslock {}{lost}", sales(rslock)),
+        times(dlock.sales_per_sec() / rslock.sales_per_sec()),
+        ">= 1.5x rslock",
+    )];
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1e3);
+    let gave_up = format!(
+        "; retry {}: {} lock() calls out of retries, {} failed tries",
+        rslock::retry_label()?,
+        r.gave_up,
+        rslock.failed_tries()
+    );
+    rows.push(Row::new(
+        format!("peer: {what}: tasks that never sold / longest wait"),
+        format!("{} of {} / {}", d.unserved, d.tasks, ms(d.longest_wait)),
+        format!(
+            "rslock {} of {} / {}{gave_up}",
+            r.unserved,
+            r.tasks,
+            ms(r.longest_wait)
+        ),
+        "",
+        "0 / <= rslock's",
+    ));
+    if dlock.per_process.len() > 1 {
+        let shares = |o: &Outcome| {
+            let total = o.total().sales.max(1) as f64;
+            let each: Vec<String> = o
+                .per_process
+                .iter()
+                .map(|t| format!("{:.0}", 100.0 * t.sales as f64 / total))
+                .collect();
+            format!("{:.0}% ({}%)", 100.0 * o.largest_share(), each.join("/"))
+        };
+        rows.push(Row::new(
+            format!("peer: {what}: largest share of sales one process took"),
+            shares(dlock),
+            format!("rslock {}", shares(rslock)),
+            "",
+            "<= 40%",
+        ));
+    }
+    Ok(rows)
+}
