@@ -58,9 +58,11 @@ enum Access {
     /// Plaintext on `port`, with `requirepass` when there is a password.
     Plain { password: Option<String> },
     /// TLS only (`--port 0 --tls-port <port>`), a certificate signed by a test CA in `dir`.
+    #[cfg(feature = "tls")]
     Tls,
     /// TLS on `port` for clients with a certificate of the test CA (`tls-auth-clients yes`),
     /// and a plaintext port on loopback for the kit's own probes and raw views.
+    #[cfg(feature = "tls")]
     MutualTls { admin_port: u16 },
 }
 
@@ -137,10 +139,13 @@ impl RedisServer {
     /// against the CA that signed it), plus `&cert=…&key=…` (a client certificate of that CA)
     /// when the server requires one.
     pub fn url(&self) -> String {
+        #[cfg(feature = "tls")]
         let ca = self.dir.path().join("ca.pem");
         match &self.access {
             Access::Plain { .. } => raw_url(self.port, &self.access),
+            #[cfg(feature = "tls")]
             Access::Tls => format!("rediss://127.0.0.1:{}/?ca={}", self.port, ca.display()),
+            #[cfg(feature = "tls")]
             Access::MutualTls { .. } => format!(
                 "rediss://127.0.0.1:{}/?ca={}&cert={}&key={}",
                 self.port,
@@ -271,7 +276,9 @@ fn raw_url(port: u16, access: &Access) -> String {
         Access::Plain {
             password: Some(password),
         } => format!("redis://:{password}@127.0.0.1:{port}"),
+        #[cfg(feature = "tls")]
         Access::Tls => format!("rediss://127.0.0.1:{port}/#insecure"),
+        #[cfg(feature = "tls")]
         Access::MutualTls { admin_port } => format!("redis://127.0.0.1:{admin_port}"),
     }
 }
