@@ -727,3 +727,49 @@ async fn waiter_queued_longer_than_the_session_keeps_the_lock() {
     assert_busy(&rt, key, "the waiter holds it").await;
     guard.release().await.expect("release");
 }
+
+/// Regression (found by the torture program): a server down for longer than the client waits
+/// for it (1.4 × the session timeout) restores the session from its log when it starts again.
+/// The client had given up on that session and opened a new one, so the old session's node
+/// kept the key locked, although its holder released, until the server expired the session: a
+/// whole session timeout after the restart. The client now resumes the session the server
+/// kept, and the release deletes the node at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_cut_off_longer_than_the_client_waits_frees_the_key_at_once_after_a_restart() {
+    const SESSION: Duration = Duration::from_secs(6);
+    let mut zk = ZooKeeperServer::start();
+    let rt = zk_runtime(&zk, SESSION).await;
+    let key = "zk:restart:resume";
+    let guard = rt.hold(key, Duration::from_secs(30)).await;
+    zk.kill9();
+    let killed = Instant::now();
+    let lost = tokio::time::timeout(SESSION + Duration::from_secs(5), guard.lost()).await;
+    assert!(
+        lost.is_ok(),
+        "lost() did not resolve while the server was down"
+    );
+    // Past the client's own limit (1.4 × 6 s): it has given up on the session by now.
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(killed.elapsed())).await;
+    tokio::task::block_in_place(|| zk.restart());
+    let back = Instant::now();
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "a hold lost while the server was down: {released:?}"
+    );
+    let other = zk_runtime(&zk, SESSION).await;
+    let got = other
+        .lock(key)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the key comes free");
+    let after = back.elapsed();
+    println!("server back: the released key was taken by another runtime after {after:?}");
+    assert!(
+        after < Duration::from_secs(3),
+        "the key stayed locked {after:?} after the restart although its holder released: \
+         the old session's node waited for the server to expire the session ({SESSION:?})"
+    );
+    got.release().await.expect("release");
+}

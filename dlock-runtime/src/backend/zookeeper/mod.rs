@@ -14,8 +14,12 @@
 //! is the node's creation zxid (`czxid`), strictly increasing across holders.
 //!
 //! Renewal checks that the session is connected and the node still exists; a session that
-//! expired (or a node deleted from outside) is a loss. After an expiry the client reconnects
-//! with a new session.
+//! expired (or a node deleted from outside) is a loss. When the client gives up on its session
+//! (the server was unreachable for longer than the client waits, 1.4 × the session timeout),
+//! one task recovers for all: it first resumes that session, since a server that restarted
+//! restores its sessions from its log and would otherwise keep their nodes — locks and queue
+//! places nobody tracks any more — until it expires them; only a session the server no longer
+//! knows is replaced by a new one.
 
 pub(crate) mod config;
 mod path;
@@ -46,6 +50,8 @@ pub(crate) struct ZooKeeperBackend {
     timeout: Duration,
     /// Owner token -> its node's full path.
     contenders: Mutex<HashMap<String, String>>,
+    /// Held by the one task recovering a session, so that concurrent failures open one.
+    recovering: tokio::sync::Mutex<()>,
 }
 
 /// A duration in nanoseconds, saturating.
@@ -75,6 +81,7 @@ impl ZooKeeperBackend {
             session_timeout,
             timeout,
             contenders: Mutex::default(),
+            recovering: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -83,8 +90,17 @@ impl ZooKeeperBackend {
         session_timeout: Duration,
         timeout: Duration,
     ) -> Result<Client, LockError> {
-        let connecting = Client::connector()
-            .with_session_timeout(session_timeout)
+        let connector = Client::connector().with_session_timeout(session_timeout);
+        Self::open(connect, connector, timeout).await
+    }
+
+    /// Connects with `connector` within `timeout`.
+    async fn open(
+        connect: &str,
+        connector: zookeeper_client::Connector,
+        timeout: Duration,
+    ) -> Result<Client, LockError> {
+        let connecting = connector
             .with_connection_timeout(timeout)
             .with_fail_eagerly()
             .connect(connect);
@@ -92,7 +108,6 @@ impl ZooKeeperBackend {
             Ok(Ok(client)) => {
                 let negotiated = client.session_timeout();
                 tracing::debug!(
-                    requested = ?session_timeout,
                     ?negotiated,
                     "ZooKeeper session established; the server granted this session timeout"
                 );
@@ -133,20 +148,47 @@ impl ZooKeeperBackend {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// After a session expired, a new session (every ephemeral node of the old one is gone,
-    /// and their holders learn it at their next renewal).
-    async fn recover(&self, err: &ZkError) {
-        if matches!(err, ZkError::SessionExpired | ZkError::ClientClosed)
-            && let Ok(client) =
-                Self::new_session(&self.connect, self.session_timeout, self.timeout).await
-        {
-            // Before the client is published: a lock taken on the new session is counted with
-            // the new session's timeout (a server restarted with other limits may grant another).
-            self.negotiated
-                .store(nanos(client.session_timeout()), Ordering::Release);
-            *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
+    /// After the client's session ended (expired, or the client gave up on it), the session
+    /// the runtime goes on with: the same one resumed if the server still keeps it, else a new
+    /// one (every ephemeral node of the old one is then gone, and their holders learn it at
+    /// their next renewal). One task does this for all; the others find it done. `true` when
+    /// a live session is in place afterwards.
+    async fn recover(&self, err: &ZkError) -> bool {
+        if !matches!(err, ZkError::SessionExpired | ZkError::ClientClosed) {
+            return false;
+        }
+        let _only_one = self.recovering.lock().await;
+        let old = self.client();
+        if !matches!(old.state(), SessionState::Expired | SessionState::Closed) {
+            // Recovered by another task meanwhile (or the error came from an older client).
+            return true;
+        }
+        // A server that was down for longer than the client waited restores the session from
+        // its log when it starts, with its nodes: resume it rather than leave them to the
+        // server's expiry (the client's "expired" was its own verdict, not the server's).
+        let resume = Client::connector().with_session(old.session().clone());
+        let (client, resumed) = match Self::open(&self.connect, resume, self.timeout).await {
+            Ok(client) => (client, true),
+            Err(_) => {
+                match Self::new_session(&self.connect, self.session_timeout, self.timeout).await {
+                    Ok(client) => (client, false),
+                    Err(_) => return false,
+                }
+            }
+        };
+        // Before the client is published: a lock taken on the new session is counted with
+        // the new session's timeout (a server restarted with other limits may grant another).
+        self.negotiated
+            .store(nanos(client.session_timeout()), Ordering::Release);
+        *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
+        if resumed {
+            tracing::warn!(
+                "ZooKeeper session lost by the client, still kept by the server: resumed it"
+            );
+        } else {
             tracing::warn!("ZooKeeper session expired: reconnected with a new session");
         }
+        true
     }
 
     /// `fut` bounded by the timeout: only a missing answer is an error here (`Backend`); the
@@ -168,7 +210,7 @@ impl ZooKeeperBackend {
 
     /// An engine error as `Backend`, opening a new session first if the old one expired.
     async fn failed(&self, key: Option<&str>, what: &str, err: ZkError) -> LockError {
-        self.recover(&err).await;
+        let _ = self.recover(&err).await;
         zk_error(key, what, err)
     }
 
@@ -308,12 +350,14 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
-        let client = self.client();
-        let state = client.state();
-        if matches!(state, SessionState::Expired | SessionState::Closed) {
-            // Every node of that session is gone: open a new session for what comes next.
-            self.recover(&ZkError::SessionExpired).await;
+        let mut client = self.client();
+        if matches!(client.state(), SessionState::Expired | SessionState::Closed) {
+            // The session ended on the client: resume it or open a new one; the nodes are
+            // then looked up on whatever session is in place (a resumed one still has them).
+            let _ = self.recover(&ZkError::SessionExpired).await;
+            client = self.client();
         }
+        let state = client.state();
         let mut out = Vec::with_capacity(batch.len());
         for item in batch {
             let Some(node) = self.contenders().get(&item.owner).cloned() else {
@@ -329,7 +373,7 @@ impl Backend for ZooKeeperBackend {
                     Ok(Ok(Some(_))) => Some(true),
                     Ok(Ok(None)) => Some(false),
                     Ok(Err(e)) => {
-                        self.recover(&e).await;
+                        let _ = self.recover(&e).await;
                         matches!(e, ZkError::SessionExpired).then_some(false)
                     }
                     Err(_) => None,
@@ -365,9 +409,18 @@ impl Backend for ZooKeeperBackend {
                 Released::NotOwner
             });
         };
-        let deleted = self
+        let mut deleted = self
             .within(Some(key), "release failed", client.delete(&node, None))
             .await?;
+        if let Err(e @ (ZkError::SessionExpired | ZkError::ClientClosed)) = &deleted
+            && self.recover(e).await
+        {
+            // The session in place now may be the same one resumed, with the node still there.
+            let client = self.client();
+            deleted = self
+                .within(Some(key), "release failed", client.delete(&node, None))
+                .await?;
+        }
         match deleted {
             Ok(()) => {
                 self.contenders().remove(owner);
@@ -378,9 +431,8 @@ impl Backend for ZooKeeperBackend {
                 self.contenders().remove(owner);
                 Ok(Released::NotOwner)
             }
-            Err(e @ (ZkError::SessionExpired | ZkError::ClientClosed)) => {
+            Err(ZkError::SessionExpired | ZkError::ClientClosed) => {
                 self.contenders().remove(owner);
-                self.recover(&e).await;
                 Ok(Released::NotOwner)
             }
             Err(e) => Err(self.failed(Some(key), "release failed", e).await),
