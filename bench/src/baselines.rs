@@ -58,6 +58,7 @@ pub(crate) async fn script_pairs_parallel(
                     .arg(&owner)
                     .arg(30_000)
                     .arg(630_000)
+                    .arg(scripts::FENCE_FLOOR_MIN)
                     .invoke_async(&mut conn)
                     .await?;
                 let freed: i64 = release

@@ -32,19 +32,21 @@ fn new_owner() -> String {
 /// One owner-checked attempt; if the answer never arrives (error, timeout, or the future is
 /// dropped), a compensating release with the same owner token is scheduled, which is a no-op
 /// if the request never landed.
+/// `waiting`: the attempt of a waiter at the head of its local queue (the engine is asked to
+/// notify it when the key is released), not the first attempt of an acquisition.
 async fn attempt(
     core: &Arc<Core>,
     key: &str,
     owner: &str,
     lease: Duration,
+    waiting: bool,
 ) -> Result<Attempt, LockError> {
-    compensated(
-        core,
-        key,
-        owner,
-        core.backend.try_acquire(key, owner, lease),
-    )
-    .await
+    let request = if waiting {
+        core.backend.try_acquire_waiting(key, owner, lease)
+    } else {
+        core.backend.try_acquire(key, owner, lease)
+    };
+    compensated(core, key, owner, request).await
 }
 
 /// Runs one acquire request; if its answer never arrives (error, timeout, or the future is
@@ -119,7 +121,7 @@ pub(crate) async fn acquire_fresh(
     // Fast path: one attempt, unless local waiters are queued (then queue behind them).
     if wait.is_zero() || !core.hub.has_waiters(&key) {
         let sent_at = Instant::now();
-        match attempt(core, &key, &owner, lease).await? {
+        match attempt(core, &key, &owner, lease, false).await? {
             Attempt::Acquired { fence } => {
                 return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
@@ -170,7 +172,7 @@ async fn wait_in_queue(
             continue;
         }
         let sent_at = Instant::now();
-        let answer = match attempt(core, &key, &owner, lease).await {
+        let answer = match attempt(core, &key, &owner, lease, true).await {
             Ok(answer) => answer,
             // A transient engine error (a failover, a reconnect) while the wait budget lasts:
             // try again shortly. The failed attempt's compensating release carries the old

@@ -7,7 +7,7 @@ pub fn hash_slot(key: &[u8]) -> u16 {
     crate::backend::redis::hash_slot(key)
 }
 
-/// The Redis names of `key` under `prefix`: lock hash, fence counter, release channel.
+/// The Redis names of `key` under `prefix`: lock, fence counter, release channel.
 #[cfg(feature = "redis")]
 pub fn redis_names(prefix: &str, key: &str) -> [String; 3] {
     let names = crate::backend::redis::Names::new(prefix);
@@ -26,8 +26,12 @@ pub fn zookeeper_segment(key: &str) -> String {
 pub mod scripts {
     use crate::backend::redis::script;
 
-    /// `acquire.lua`.
+    /// `acquire.lua` (a waiter's attempt; the first attempt is a plain pipeline).
     pub const ACQUIRE: &str = script::ACQUIRE_LUA;
+    /// `floor.lua`.
+    pub const FLOOR: &str = script::FLOOR_LUA;
+    /// The lowest value of a fence counter that was not recreated (`acquire.lua`'s `ARGV[4]`).
+    pub const FENCE_FLOOR_MIN: i64 = script::FENCE_FLOOR_MIN;
     /// `renew.lua`.
     pub const RENEW: &str = script::RENEW_LUA;
     /// `release.lua`.

@@ -215,20 +215,17 @@ async fn attribute_dropped_call_releases_key_within_1_s(b: Backend) {
 
 // ---- current_fence() ------------------------------------------------------------------------
 
-/// `current_fence()` first thing in the body, `HGET <lock hash> fence`, `current_fence()` again.
+/// `current_fence()` first thing in the body, the key's fence counter in Redis (the holder's
+/// fence: nobody else tries the key), `current_fence()` again.
 type FenceReadings = (Option<u64>, Option<u64>, Option<u64>);
 
-/// Returns `current_fence()` before and after an await inside the body, and the fence field of
-/// the lock hash in Redis read in between.
+/// Returns `current_fence()` before and after an await inside the body, and the key's fence
+/// counter in Redis read in between.
 #[distributed_lock(key = "fence:{id}", lease = "30s")]
 async fn fence_seen_inside(id: u64, server: &RedisServer) -> Result<FenceReadings, AppError> {
     let first = current_fence();
-    let stored: Option<u64> = server
-        .query(
-            redis::cmd("HGET")
-                .arg(lock_key(&format!("fence:{id}")))
-                .arg("fence"),
-        )
+    let stored = server
+        .fence_counter(&lock_key(&format!("fence:{id}")))
         .await;
     let after_await = current_fence();
     Ok((first, stored, after_await))
@@ -246,7 +243,7 @@ async fn attribute_current_fence_equals_fence_in_redis_and_is_none_after() {
             assert_eq!(
                 stored,
                 Some(fence),
-                "round {round}: HGET dlock:{{fence:1}} fence"
+                "round {round}: GET dlock:{{fence:1}}:fence"
             );
             assert_eq!(
                 after_await,
@@ -277,10 +274,8 @@ async fn attribute_current_fence_equals_fence_in_redis_and_is_none_after() {
         })
         .await
         .expect("outer lock");
-        let stored_outer: Option<u64> = server
-            .query(redis::cmd("HGET").arg(lock_key("fence:outer")).arg("fence"))
-            .await;
-        assert_eq!(stored_outer, None, "outer lock released");
+        let held_outer = server.lock_owner(&lock_key("fence:outer")).await;
+        assert_eq!(held_outer, None, "outer lock released");
         assert!(outer_fence > 0);
         assert_eq!(current_fence(), None, "None after every call");
     })

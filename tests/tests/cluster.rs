@@ -71,14 +71,11 @@ async fn locks_on_every_shard_exclude_a_second_runtime_and_release() {
             cluster.exists_on(*master, &fence_key(key)).await,
             "the fence counter of {key:?} is not on the same shard"
         );
-        let fence: Option<u64> = cluster
-            .hget(&hash, "fence")
-            .await
-            .and_then(|f| f.parse().ok());
+        let counter = cluster.fence_counter(&hash).await;
         assert!(guard.fence().is_some());
-        assert_eq!(fence, guard.fence(), "fence field of {hash}");
-        let owner = cluster.hget(&hash, "owner").await.unwrap_or_default();
-        assert!(!owner.is_empty(), "{hash} has no owner field");
+        assert_eq!(counter, guard.fence(), "fence counter of {hash}");
+        let owner = cluster.lock_owner(&hash).await.unwrap_or_default();
+        assert!(!owner.is_empty(), "{hash} holds no owner token");
         let pttl = cluster.pttl(&hash).await;
         assert!(pttl > 0 && pttl <= 30_000, "PTTL of {hash}: {pttl}");
         guards.push(guard);
@@ -383,9 +380,9 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
     let kept_guard = rt.lock(kept.as_str()).lease(lease).held("acquire").await;
     let dropped_guard = rt.lock(dropped.as_str()).lease(lease).held("acquire").await;
     let owner = cluster
-        .hget(&lock_key(kept), "owner")
+        .lock_owner(&lock_key(kept))
         .await
-        .expect("owner field");
+        .expect("owner token");
     let replica = *cluster
         .replicas_of(master)
         .await
@@ -439,7 +436,7 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
     while watch_from.elapsed() < lease / 3 + Duration::from_millis(1500) {
         // Server state first, then the guard: a loss noticed between the two is no violation.
         let exists = cluster.exists_on(new_master, &lock_key(kept)).await;
-        let held_by = cluster.hget(&lock_key(kept), "owner").await;
+        let held_by = cluster.lock_owner(&lock_key(kept)).await;
         let pttl = cluster.pttl(&lock_key(kept)).await;
         if kept_guard.is_lost() {
             break;

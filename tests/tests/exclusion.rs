@@ -67,8 +67,8 @@ async fn processes_increment_counter_in_redis_exactly() {
 async fn wait_zero_is_one_attempt(b: Backend) {
     let key = "exclusion:wait-zero";
     let _holder = b.rt.lock(key).lease(LEASE).held("holder").await;
-    let scripts_before = match &b.server {
-        Some(server) => server.script_calls().await,
+    let attempts_before = match &b.server {
+        Some(server) => server.set_calls().await,
         None => 0,
     };
     let start = Instant::now();
@@ -86,10 +86,10 @@ async fn wait_zero_is_one_attempt(b: Backend) {
         "wait = 0 took {took:?}: one attempt should return at once"
     );
     if let Some(server) = &b.server {
-        let scripts = server.script_calls().await - scripts_before;
+        let attempts = server.set_calls().await - attempts_before;
         assert_eq!(
-            scripts, 1,
-            "wait = 0 ran {scripts} scripts, expected one attempt"
+            attempts, 1,
+            "wait = 0 made {attempts} attempts, expected one"
         );
     }
 }

@@ -108,11 +108,9 @@ impl Nodes {
         );
     }
 
-    /// `HGET dlock:{key} owner` on node `i`.
+    /// The owner token at `dlock:{key}` on node `i`.
     async fn owner_on(&self, i: usize, key: &str) -> Option<String> {
-        self.servers[i]
-            .query(redis::cmd("HGET").arg(lock_key(key)).arg("owner"))
-            .await
+        self.servers[i].lock_owner(&lock_key(key)).await
     }
 }
 
@@ -1029,14 +1027,7 @@ async fn restarted_node_counts_again_after_rejoin_after() {
     // Node 0 busy (a foreign holder), so a lock needs nodes 1 and 2.
     let key = "redlock:rejoin";
     let () = nodes.servers[0]
-        .query(
-            redis::cmd("HSET")
-                .arg(lock_key(key))
-                .arg("owner")
-                .arg("someone-else")
-                .arg("count")
-                .arg(1),
-        )
+        .query(redis::cmd("SET").arg(lock_key(key)).arg("someone-else"))
         .await;
     let () = nodes.servers[0]
         .query(redis::cmd("PEXPIRE").arg(lock_key(key)).arg(60_000))

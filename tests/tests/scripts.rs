@@ -1,11 +1,12 @@
-//! The Lua scripts themselves, run against a real redis-server: the lock hash (acquire is
+//! The Lua scripts themselves, run against a real redis-server: the lock string (acquire is
 //! idempotent per owner: the runtime re-enters within a call chain locally), owner checks, the
-//! busy answer, the fence floor, and the release notification.
+//! busy answer and the waiter's flag, the fence floor, and the release notification (only when
+//! flagged). Also what an uncontended acquire and release cost in Redis commands.
 
 use dlock_tests::{RedisServer, fence_key, lock_key, released_channel};
 use redis::Script;
 
-use dlock_runtime::testing::scripts::{ACQUIRE, RELEASE, RENEW};
+use dlock_runtime::testing::scripts::{ACQUIRE, FENCE_FLOOR_MIN, RELEASE, RENEW};
 
 const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -22,6 +23,7 @@ async fn acquire(
         .arg(owner)
         .arg(lease_ms)
         .arg(600_000 + lease_ms)
+        .arg(FENCE_FLOOR_MIN)
         .invoke_async(conn)
         .await
         .unwrap()
@@ -41,10 +43,10 @@ async fn release(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner:
 
 /// Regression (issue "reliability", idempotent acquire): the runtime re-enters within a call
 /// chain locally, so a second acquire with the same owner token is a retry of the first (a
-/// reconnect resending the script). It keeps the fence and the single hold: one release frees
-/// the key.
+/// reconnect resending the request). It answers "acquired" (with a fence above the first: a
+/// retry draws a value too) and adds no hold: one release frees the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_is_idempotent_per_owner_and_keeps_the_fence() {
+async fn acquire_is_idempotent_per_owner() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let fence = acquire(&mut conn, "re", A, 30_000).await;
@@ -52,21 +54,14 @@ async fn acquire_is_idempotent_per_owner_and_keeps_the_fence() {
         fence > 0,
         "fresh acquire returns a positive fence, got {fence}"
     );
-    assert_eq!(
-        acquire(&mut conn, "re", A, 30_000).await,
-        fence,
-        "a retried acquire keeps the fence"
-    );
-    let count: u64 = server
-        .query(redis::cmd("HGET").arg(lock_key("re")).arg("count"))
-        .await;
-    assert_eq!(count, 1, "a retried acquire adds no hold");
+    let again = acquire(&mut conn, "re", A, 30_000).await;
+    assert!(again > fence, "a retried acquire is acquired: {again}");
     assert_eq!(release(&mut conn, "re", A).await, 1, "one release frees");
     assert!(!server.exists(&lock_key("re")).await);
     let next = acquire(&mut conn, "re", B, 30_000).await;
     assert!(
-        next > fence,
-        "next holder's fence {next} must exceed {fence}"
+        next > again,
+        "next holder's fence {next} must exceed {again}"
     );
 }
 
@@ -174,21 +169,46 @@ async fn fence_counter_above_the_clock_is_never_lowered_and_outlives_the_lock() 
     assert_eq!(next, ahead + 2, "still above the clock");
 }
 
+/// A release publishes only when a waiter flagged the lock (a busy answer appends `+` to the
+/// owner token): one message for the flagged release, none for the unflagged one nor for a
+/// release that found nothing of ours.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn last_release_publishes_on_the_keys_channel() {
+async fn release_publishes_only_when_a_waiter_flagged_the_lock() {
+    use futures_util::StreamExt;
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let mut pubsub = server.client().get_async_pubsub().await.unwrap();
     pubsub.subscribe(released_channel("pub")).await.unwrap();
+    let mut messages = pubsub.on_message();
+    let quiet = std::time::Duration::from_millis(300);
+
     assert!(acquire(&mut conn, "pub", A, 30_000).await > 0);
     assert_eq!(release(&mut conn, "pub", A).await, 1);
+    let none = tokio::time::timeout(quiet, messages.next()).await;
+    assert!(
+        none.is_err(),
+        "nobody waited: the release published nothing"
+    );
+
+    assert!(acquire(&mut conn, "pub", A, 30_000).await > 0);
+    assert!(acquire(&mut conn, "pub", B, 30_000).await < 0, "busy");
+    assert_eq!(
+        server
+            .query::<String>(redis::cmd("GET").arg(lock_key("pub")))
+            .await,
+        format!("{A}+"),
+        "the busy answer flagged the holder's lock"
+    );
+    assert_eq!(
+        release(&mut conn, "pub", A).await,
+        1,
+        "the owner releases a flagged lock"
+    );
     assert_eq!(
         release(&mut conn, "pub", A).await,
         0,
         "a second release is not the owner's"
     );
-    use futures_util::StreamExt;
-    let mut messages = pubsub.on_message();
     let msg = tokio::time::timeout(std::time::Duration::from_secs(2), messages.next())
         .await
         .expect("a message within 2 s")
@@ -196,7 +216,72 @@ async fn last_release_publishes_on_the_keys_channel() {
     assert_eq!(msg.get_channel_name(), released_channel("pub"));
     let payload: String = msg.get_payload().unwrap();
     assert_eq!(payload, "test");
-    // Exactly one message: the release that found nothing of ours published nothing.
-    let more = tokio::time::timeout(std::time::Duration::from_millis(200), messages.next()).await;
-    assert!(more.is_err(), "only the freeing release publishes");
+    let more = tokio::time::timeout(quiet, messages.next()).await;
+    assert!(more.is_err(), "only the flagged release publishes");
+}
+
+/// What an uncontended acquire and release cost the server, counted as Redis counts them
+/// (`INFO commandstats`: the commands a script runs count too): at most six, with the fence,
+/// its counter's expiry and the owner check, and no `PUBLISH` when nobody waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_acquire_and_release_cost_at_most_six_commands() {
+    let server = RedisServer::start();
+    let rt = dlock_runtime::Runtime::builder()
+        .redis(server.url())
+        .build()
+        .await
+        .expect("runtime");
+    // Warm: the release script is loaded on first use.
+    rt.lock("cost")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let before = command_calls(&server).await;
+    const PAIRS: u64 = 100;
+    for _ in 0..PAIRS {
+        let guard = rt.lock("cost").acquire().await.unwrap();
+        assert!(guard.fence().is_some());
+        guard.release().await.unwrap();
+    }
+    let after = command_calls(&server).await;
+    let mut per_command: Vec<(String, u64)> = after
+        .iter()
+        .map(|(name, n)| (name.clone(), n - before.get(name).copied().unwrap_or(0)))
+        .filter(|(name, n)| *n > 0 && name != "info")
+        .collect();
+    per_command.sort();
+    let total: u64 = per_command.iter().map(|(_, n)| n).sum();
+    println!("{PAIRS} acquire+release pairs: {per_command:?}");
+    assert!(
+        total <= 6 * PAIRS,
+        "{} commands per uncontended acquire+release (at most 6): {per_command:?}",
+        total as f64 / PAIRS as f64
+    );
+    assert!(
+        per_command
+            .iter()
+            .all(|(name, _)| !name.contains("publish")),
+        "nobody waited, yet a release published: {per_command:?}"
+    );
+}
+
+/// `INFO commandstats` as command name -> calls.
+async fn command_calls(server: &RedisServer) -> std::collections::HashMap<String, u64> {
+    let info: String = server.query(redis::cmd("INFO").arg("commandstats")).await;
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
 }

@@ -51,23 +51,17 @@ async fn owner_overwritten_is_lost_and_the_new_owner_survives_release() {
     let key = "watchdog:overwritten";
     let hash = lock_key(key);
     let guard = rt.hold(key, Duration::from_secs(6)).await;
-    // Someone else now owns the key: the hash's `owner` field (see backend/lua/acquire.lua)
-    // names another token, with a long TTL of its own.
-    let mut conn = server.conn().await;
-    let () = redis::pipe()
-        .atomic()
-        .cmd("HSET")
-        .arg(&hash)
-        .arg("owner")
-        .arg("intruder-owner-token")
-        .ignore()
-        .cmd("PEXPIRE")
-        .arg(&hash)
-        .arg(60_000)
-        .ignore()
-        .query_async(&mut conn)
-        .await
-        .expect("overwrite the owner");
+    // Someone else now owns the key: the lock (see backend/redis/lua/acquire.lua) holds
+    // another token, with a long TTL of its own.
+    let () = server
+        .query(
+            redis::cmd("SET")
+                .arg(&hash)
+                .arg("intruder-owner-token")
+                .arg("PX")
+                .arg(60_000),
+        )
+        .await;
     let overwritten = Instant::now();
     tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
@@ -80,9 +74,7 @@ async fn owner_overwritten_is_lost_and_the_new_owner_survives_release() {
     );
     let _ = guard.release().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let owner: Option<String> = server
-        .query(redis::cmd("HGET").arg(&hash).arg("owner"))
-        .await;
+    let owner = server.lock_owner(&hash).await;
     assert_eq!(
         owner.as_deref(),
         Some("intruder-owner-token"),
@@ -180,9 +172,9 @@ async fn paused_holder_process_loses_the_lock_and_learns_it_on_resume() {
 }
 
 /// Regression (issue "reliability", renewal verdicts): another application overwrites one held
-/// lock's hash with a string. Renewing that key raises WRONGTYPE inside the batch script; the
-/// other locks renewed in the same call must keep their leases (one verdict per key), and only
-/// the overwritten one is lost.
+/// lock with a value of another type (a hash). Renewing that key raises WRONGTYPE inside the
+/// batch script; the other locks renewed in the same call must keep their leases (one verdict
+/// per key), and only the overwritten one is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_value_at_one_key_loses_only_that_lock_of_the_renewal_batch() {
     let (server, rt) = redis_with_runtime().await;
@@ -193,13 +185,20 @@ async fn foreign_value_at_one_key_loses_only_that_lock_of_the_renewal_batch() {
     for key in keys {
         guards.push(rt.lock(key).lease(lease).held("acquire").await);
     }
-    let _: () = server
-        .query(
-            redis::cmd("SET")
-                .arg(lock_key(keys[0]))
-                .arg("another app's value"),
-        )
-        .await;
+    let mut conn = server.conn().await;
+    let () = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg(lock_key(keys[0]))
+        .ignore()
+        .cmd("HSET")
+        .arg(lock_key(keys[0]))
+        .arg("app")
+        .arg("another app's value")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("overwrite with a hash");
     tokio::time::timeout(Duration::from_secs(5), guards[0].lost())
         .await
         .expect("the overwritten lock is reported lost");

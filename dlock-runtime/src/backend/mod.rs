@@ -199,6 +199,19 @@ pub(crate) trait Backend: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
 
+    /// An attempt by a waiter that contends for `key` (the head of its process's local queue):
+    /// as [`Backend::try_acquire`], and when the key is busy the engine is also asked to
+    /// notify this waiter of its release (Redis flags the holder's lock, whose release then
+    /// publishes; without a waiter outside its process, a release publishes nothing).
+    fn try_acquire_waiting(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send {
+        self.try_acquire(key, owner, lease)
+    }
+
     /// Renews every lock in `batch` (owner-checked); one answer per item: `Some(true)`
     /// renewed, `Some(false)` no longer ours (lost), `None` not determined this time (retried,
     /// not a loss).
@@ -278,6 +291,12 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         owner: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Attempt, LockError>>;
+    fn try_acquire_waiting<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
     fn renew<'a>(
         &'a self,
         batch: &'a [Renewal],
@@ -312,6 +331,15 @@ impl<B: Backend> DynBackend for B {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Attempt, LockError>> {
         Box::pin(Backend::try_acquire(self, key, owner, lease))
+    }
+
+    fn try_acquire_waiting<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(Backend::try_acquire_waiting(self, key, owner, lease))
     }
 
     fn renew<'a>(

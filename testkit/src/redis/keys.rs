@@ -73,6 +73,22 @@ impl RedisKeys {
     pub async fn hget(&self, key: &str, field: &str) -> Option<String> {
         self.query(redis::cmd("HGET").arg(key).arg(field)).await
     }
+
+    /// The owner token written at the lock `key` (`GET`, without the `+` a waiter appends to
+    /// be notified), or `None` when the key is free.
+    pub async fn lock_owner(&self, key: &str) -> Option<String> {
+        let held: Option<String> = self.query(redis::cmd("GET").arg(key)).await;
+        held.map(|h| h.strip_suffix('+').map(str::to_owned).unwrap_or(h))
+    }
+
+    /// The fence counter of the lock `key` (`GET <key>:fence`): the fence of its current holder
+    /// when nobody else tried the key since that holder acquired (every attempt draws a value).
+    pub async fn fence_counter(&self, key: &str) -> Option<u64> {
+        let value: Option<String> = self
+            .query(redis::cmd("GET").arg(format!("{key}:fence")))
+            .await;
+        value.and_then(|v| v.parse().ok())
+    }
 }
 
 /// A slot-routed connection (the redis crate's async cluster client) through `seeds`, with

@@ -201,6 +201,19 @@ impl RedisServer {
         script_calls_in(&info)
     }
 
+    /// How many lock attempts the server ran: every attempt, the first (a pipelined `SET NX`)
+    /// or a waiter's (the acquire script), runs exactly one `SET` on the lock (`INFO
+    /// commandstats` counts those run inside scripts too). A fence counter restarted at the
+    /// clock adds one more.
+    pub async fn set_calls(&self) -> u64 {
+        let info: String = self.query(redis::cmd("INFO").arg("commandstats")).await;
+        info.lines()
+            .filter_map(|line| line.strip_prefix("cmdstat_set:"))
+            .filter_map(|fields| fields.split(',').find_map(|f| f.strip_prefix("calls=")))
+            .filter_map(|n| n.parse::<u64>().ok())
+            .sum()
+    }
+
     /// `PUBSUB NUMSUB channel`: how many client connections subscribe to the channel.
     pub async fn subscribers(&self, channel: &str) -> u64 {
         let reply: Vec<redis::Value> = self

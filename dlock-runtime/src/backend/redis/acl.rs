@@ -13,7 +13,7 @@ use super::script::Lua;
 const SEE: &str = "the lock user needs the permissions listed in the README, section Security";
 
 /// If `message` (a server error) is an ACL refusal: what is missing, as the grant that gives
-/// it (`+hset`, `~dlock:*`, `&dlock:*`). `script` is the script that was running, if any;
+/// it (`+incr`, `~dlock:*`, `&dlock:*`). `script` is the script that was running, if any;
 /// `publish` the publish command of this engine (scripts take it as an argument).
 pub(super) fn denial(
     message: &str,
@@ -59,7 +59,7 @@ fn quoted_command(lower: &str) -> Option<&str> {
 }
 
 /// The command on the line `@user_script:<line>` names, read from the script's source:
-/// `redis.call('HSET', ...)` -> `hset`; a command passed as an argument is the publish command.
+/// `redis.call('PTTL', ...)` -> `pttl`; a command passed as an argument is the publish command.
 fn script_command(lower: &str, src: &str, publish: &str) -> Option<String> {
     let rest = &lower[lower.find("@user_script:")? + "@user_script:".len()..];
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
@@ -113,13 +113,13 @@ mod tests {
             )
             .contains("`&app%7B1%7D:*`")
         );
-        let hset_line = acquire_line_of("'HSET'");
+        let pttl_line = acquire_line_of("'PTTL'");
         let message = format!(
-            "ResponseError: The user executing the script can't run this command or subcommand script: abc, on @user_script:{hset_line}."
+            "ResponseError: The user executing the script can't run this command or subcommand script: abc, on @user_script:{pttl_line}."
         );
         let text = explain(&message, Some(&scripts.acquire));
         assert!(
-            text.contains("`+hset` ") || text.contains("`+hset`)"),
+            text.contains("`+pttl` ") || text.contains("`+pttl`)"),
             "{text}"
         );
         assert!(text.contains("acquire script"), "{text}");

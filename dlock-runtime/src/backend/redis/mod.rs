@@ -27,7 +27,7 @@ pub(crate) use names::{Names, hash_slot};
 
 use self::cluster::ClusterLink;
 use self::link::Link;
-use self::script::{Scripts, decode_acquire, millis_ceil};
+use self::script::{FENCE_FLOOR_MIN, Scripts, decode_acquire, millis_ceil};
 use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
 use crate::LockError;
 
@@ -97,8 +97,15 @@ impl RedisBackend {
     }
 }
 
-impl Backend for RedisBackend {
-    async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
+impl RedisBackend {
+    /// The waiting attempt: `lua/acquire.lua` (acquires, or flags the holder's lock so that its
+    /// release notifies, and answers its TTL).
+    async fn acquire_script(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> EngineResult<Attempt> {
         let reply: i64 = self
             .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
                 cmd.arg(2)
@@ -106,10 +113,70 @@ impl Backend for RedisBackend {
                     .arg(self.names.fence(key))
                     .arg(owner)
                     .arg(millis_ceil(lease))
-                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)));
+                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
+                    .arg(FENCE_FLOOR_MIN);
             })
             .await?;
         Ok(decode_acquire(reply))
+    }
+}
+
+impl Backend for RedisBackend {
+    /// The first attempt, three plain commands in one round trip (no script): `SET lock owner
+    /// NX PX lease GET`, `INCR counter`, `PEXPIRE counter`. Not atomic, and need not be: the
+    /// counter only grows, an attempt that found the key taken just spends a value, and a
+    /// holder's `INCR` runs after its `SET` and before the release that lets the next holder
+    /// in, so tokens follow the order of the holds. (A holder whose value came from a
+    /// recreated counter raises it to the clock first, see [`FENCE_FLOOR_MIN`].)
+    async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
+        let lock = self.names.lock(key);
+        let counter = self.names.fence(key);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&*lock)
+            .arg(owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis_ceil(lease))
+            .arg("GET")
+            .cmd("INCR")
+            .arg(&*counter)
+            .cmd("PEXPIRE")
+            .arg(&*counter)
+            .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
+            .ignore();
+        let mut conn = self.link.handle();
+        let (held, fence): (Option<String>, i64) = self
+            .call(Some(key), "acquire failed", pipe.query_async(&mut conn))
+            .await?;
+        let ours = held
+            .as_deref()
+            .is_none_or(|h| h.strip_suffix('+').unwrap_or(h) == owner);
+        if !ours {
+            return Ok(Attempt::Busy { ttl: None });
+        }
+        let fence = if fence < FENCE_FLOOR_MIN {
+            self.run_script(&self.scripts.floor, Some(key), "acquire failed", |cmd| {
+                cmd.arg(1)
+                    .arg(&*counter)
+                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)));
+            })
+            .await?
+        } else {
+            fence
+        };
+        Ok(Attempt::Acquired {
+            fence: u64::try_from(fence).ok(),
+        })
+    }
+
+    async fn try_acquire_waiting(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> EngineResult<Attempt> {
+        self.acquire_script(key, owner, lease).await
     }
 
     /// Renews `batch` with one script call (the watchdog groups batches by
@@ -152,7 +219,6 @@ impl Backend for RedisBackend {
             .await?;
         Ok(match reply {
             1 => Released::Freed,
-            2 => Released::StillHeld,
             _ => Released::NotOwner,
         })
     }

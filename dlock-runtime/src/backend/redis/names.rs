@@ -1,5 +1,6 @@
 //! Key and channel names of one lock, every one in the same hash slot:
-//! - lock hash `<prefix>{<key>}`: `owner`, `count` (hold count), `fence`; its TTL is the lease;
+//! - lock `<prefix>{<key>}`: a string, the owner token (`+` appended once a waiter outside the
+//!   holder's process asked to be notified); its TTL is the lease;
 //! - fence counter `<prefix>{<key>}:fence`;
 //! - release channel `<prefix>{<key>}:released`.
 //!

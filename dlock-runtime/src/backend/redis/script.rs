@@ -13,6 +13,7 @@ use crate::backend::Attempt;
 
 /// The sources, each with its comment block (KEYS, ARGV, return values).
 pub(crate) const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
+pub(crate) const FLOOR_LUA: &str = include_str!("lua/floor.lua");
 pub(crate) const RENEW_LUA: &str = include_str!("lua/renew.lua");
 pub(crate) const RELEASE_LUA: &str = include_str!("lua/release.lua");
 pub(crate) const FORCE_UNLOCK_LUA: &str = include_str!("lua/force_unlock.lua");
@@ -36,6 +37,7 @@ impl Lua {
 
 pub(super) struct Scripts {
     pub(super) acquire: Lua,
+    pub(super) floor: Lua,
     pub(super) renew: Lua,
     pub(super) release: Lua,
     pub(super) force_unlock: Lua,
@@ -45,12 +47,19 @@ impl Scripts {
     pub(super) fn new() -> Self {
         Self {
             acquire: Lua::new("acquire", ACQUIRE_LUA),
+            floor: Lua::new("fence floor", FLOOR_LUA),
             renew: Lua::new("renew", RENEW_LUA),
             release: Lua::new("release", RELEASE_LUA),
             force_unlock: Lua::new("force-unlock", FORCE_UNLOCK_LUA),
         }
     }
 }
+
+/// The lowest value a fence counter that was not recreated can hold: counters start at the
+/// server clock in microseconds (2001-09-09 in microseconds is 10^15), so a value below this
+/// was drawn from a counter recreated from zero (first use, expired, the server lost its data)
+/// and is raised to the clock first (`lua/floor.lua`, or inside `lua/acquire.lua`).
+pub(crate) const FENCE_FLOOR_MIN: i64 = 1_000_000_000_000_000;
 
 /// The acquire script's one-integer answer (see `lua/acquire.lua`).
 pub(super) fn decode_acquire(reply: i64) -> Attempt {

@@ -168,18 +168,25 @@ impl RedlockBackend {
         owner: &str,
         lease: Duration,
         check_restarts: bool,
+        waiting: bool,
     ) -> Vec<Result<Attempt, LockError>> {
         self.on_all(Some(key), |i, node| {
             let identity = &self.identities[i];
             let check = check_restarts && identity.needs_check();
             async move {
+                let request = async {
+                    if waiting {
+                        node.try_acquire_waiting(key, owner, lease).await
+                    } else {
+                        node.try_acquire(key, owner, lease).await
+                    }
+                };
                 if check {
                     // Same connection, sent together: one round trip for both.
-                    let (_, grant) =
-                        tokio::join!(identity.check(node), node.try_acquire(key, owner, lease));
+                    let (_, grant) = tokio::join!(identity.check(node), request);
                     grant
                 } else {
-                    node.try_acquire(key, owner, lease).await
+                    request.await
                 }
             }
         })
@@ -222,15 +229,21 @@ impl RedlockBackend {
             source,
         )
     }
-}
 
-impl Backend for RedlockBackend {
-    async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
+    /// One Redlock acquisition: an attempt on every node (`waiting`: a waiter's attempt, which
+    /// asks each node to notify it of the release), counted against the quorum.
+    async fn acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+        waiting: bool,
+    ) -> EngineResult<Attempt> {
         let started = Instant::now();
         self.note_lease(lease);
         let rejoin_after = self.rejoin_after();
         let answers = self
-            .acquire_on_all(key, owner, lease, rejoin_after.is_some())
+            .acquire_on_all(key, owner, lease, rejoin_after.is_some(), waiting)
             .await;
         // A grant counts unless its node restarted within `rejoin_after` (or has not been
         // checked since it reconnected): it may have forgotten another owner's lock.
@@ -311,6 +324,21 @@ impl Backend for RedlockBackend {
             Duration::from_millis(5 + rand::random::<u64>() % 45)
         };
         Ok(Attempt::Busy { ttl: Some(ttl) })
+    }
+}
+
+impl Backend for RedlockBackend {
+    async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
+        self.acquire(key, owner, lease, false).await
+    }
+
+    async fn try_acquire_waiting(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> EngineResult<Attempt> {
+        self.acquire(key, owner, lease, true).await
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {

@@ -1,43 +1,43 @@
--- Acquire a lock, idempotent per owner token.
+-- Acquire a lock while waiting for it (the first attempt is the plain pipeline in
+-- `script.rs`), idempotent per owner token; when it is held by somebody else, flag it so that
+-- its release notifies.
 --
--- KEYS[1]  lock hash `<prefix>{<key>}`: fields owner, count (hold count), fence
+-- KEYS[1]  lock `<prefix>{<key>}`: a string, the owner token, with `+` appended once somebody
+--          outside the holder's process waits (the release then publishes; without it, it
+--          does not)
 -- KEYS[2]  fence counter `<prefix>{<key>}:fence`
 -- ARGV[1]  owner token (random, 128-bit, hex)
--- ARGV[2]  lease in milliseconds (the hash's TTL)
+-- ARGV[2]  lease in milliseconds (the lock's TTL)
 -- ARGV[3]  fence counter TTL in milliseconds: the lease plus a margin
+-- ARGV[4]  the lowest fence a counter that was not recreated can hold (see `script.rs`)
 --
--- Returns one integer (cheaper than a table, on the hot path):
---         fence > 0     acquired fresh (the counter was bumped), or already held by this owner:
---                       a retry of the same request (TTL reset, same fence, still one hold;
---                       the runtime re-enters within a call chain locally, never here)
+-- Returns one integer (cheaper than a table):
+--         fence > 0     acquired (or already held by this owner: a retry of the same request;
+--                       its TTL runs from the first, and the runtime counts from before that)
 --         -1            held by another owner, with no TTL on the key
 --         -2 - pttl     held by another owner whose lease has pttl ms left
 --
--- Fencing: while the counter exists it only grows (INCR), whatever the server clock says. It
--- exists as long as any lock on the key does, and ARGV[3] minus the lease after: every
--- acquisition here and every renewal (renew.lua) pushes its expiry to ARGV[3] from now. Only
--- when it is missing (first use, that margin passed with the key unused, or the server lost its
--- data) does it start again, at the server clock in microseconds: above every token an earlier
--- counter of this key gave out (that one started at its own creation time in microseconds and
--- grew by one per acquisition, far slower than one per microsecond) unless the clock was
--- stepped back by more than the time since that earlier counter was created.
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner == false then
+-- Fencing: the counter only grows (INCR) while it exists, and every acquisition and renewal
+-- pushes its expiry to ARGV[3] from now. A value below ARGV[4] means it was recreated (first
+-- use, that margin passed with the key unused, or the server lost its data): it then starts
+-- again at the server clock in microseconds, above every token an earlier counter of this key
+-- gave out (that one started at its own creation time in microseconds and grew by one per
+-- attempt, far slower than one per microsecond) unless the clock was stepped back by more than
+-- the time since that earlier counter was created.
+local held = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if held == false or held == ARGV[1] or held == ARGV[1] .. '+' then
   local fence = redis.call('INCR', KEYS[2])
-  if fence == 1 then
+  if fence < tonumber(ARGV[4]) then
     local now = redis.call('TIME')
-    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('SET', KEYS[2], string.format('%d', fence))
+    fence = math.max(fence, tonumber(now[1]) * 1000000 + tonumber(now[2]))
+    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
+  else
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
   end
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1, 'fence', fence)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return fence
 end
-if owner == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  return tonumber(redis.call('HGET', KEYS[1], 'fence'))
+if string.sub(held, -1) ~= '+' then
+  redis.call('SET', KEYS[1], held .. '+', 'KEEPTTL')
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl < 0 then

@@ -1,7 +1,7 @@
 -- Renew a batch of leases, each only for its owner, and keep each key's fence counter alive
 -- beyond its lock (see acquire.lua: the counter must outlive every lock on the key).
 --
--- KEYS[2i-1]   lock hash of the i-th lock
+-- KEYS[2i-1]   lock of the i-th lock (the owner token, `+` appended when flagged)
 -- KEYS[2i]     fence counter of the i-th lock
 -- ARGV[1]      margin in milliseconds the fence counter outlives the lease by
 -- ARGV[2i]     owner token of the i-th lock
@@ -14,7 +14,9 @@ local result = {}
 local margin = tonumber(ARGV[1])
 for i = 1, #KEYS / 2 do
   local lock, counter = KEYS[2 * i - 1], KEYS[2 * i]
-  if redis.pcall('HGET', lock, 'owner') == ARGV[2 * i] then
+  local owner = ARGV[2 * i]
+  local held = redis.pcall('GET', lock)
+  if held == owner or held == owner .. '+' then
     local lease = tonumber(ARGV[2 * i + 1])
     redis.call('PEXPIRE', lock, lease)
     redis.call('PEXPIRE', counter, lease + margin)
