@@ -59,6 +59,8 @@ pub(crate) async fn script_pairs_parallel(
                     .arg(30_000)
                     .arg(630_000)
                     .arg(scripts::FENCE_FLOOR_MIN)
+                    .arg(1)
+                    .arg(&owner)
                     .invoke_async(&mut conn)
                     .await?;
                 let freed: i64 = release
@@ -67,6 +69,7 @@ pub(crate) async fn script_pairs_parallel(
                     .arg(format!("{key}:released"))
                     .arg("raw")
                     .arg("PUBLISH")
+                    .arg(50)
                     .invoke_async(&mut conn)
                     .await?;
                 if freed != 1 {

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::LockError;
 use crate::backend::Attempt;
 use crate::core::{Core, ReleaseOnDrop};
+use crate::handoff::Head;
 use crate::held::{Held, Terms};
 use crate::wait::Ticket;
 
@@ -153,14 +154,20 @@ async fn wait_in_queue(
     let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue().turn.lock()).await else {
         return Err(timeout(key));
     };
+    let queue = ticket.queue();
+    // First in line: a holder of this runtime may hand the lock over from now on.
+    let head = Head::new(core, queue, terms);
     let Some(mut watched) = watch(&ticket, &key, deadline).await else {
         return Err(timeout(key));
     };
-    let queue = ticket.queue();
     loop {
         let freed = queue.freed.notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
+        if let Some(held) = head.take(&key, terms) {
+            queue.mark_held(lease);
+            return Ok(held);
+        }
         // The previous head of this queue holds the key: its release wakes us, and an attempt
         // now could only fail (no herd, no wasted round trip on a hot key).
         if let Some(holder_lease) = queue.held_here() {

@@ -116,6 +116,9 @@ impl LockGuard {
         self.active = false;
         let held = self.held.clone();
         if !self.leave() {
+            if held.passed() {
+                return Ok(());
+            }
             return if held.lost.is_lost() {
                 Err(LockError::Lost {
                     key: held.key.clone(),
@@ -162,7 +165,8 @@ impl LockGuard {
         }
     }
 
-    /// Drops this guard's hold; `true` for the first guard (the engine must be told).
+    /// Drops this guard's hold; `true` when the engine must be told (the first guard, unless
+    /// it handed the lock to a waiter of this runtime, see [`crate::handoff`]).
     fn leave(&mut self) -> bool {
         match &self.role {
             Role::First { frame } => {
@@ -170,6 +174,10 @@ impl LockGuard {
                     frame.remove(&self.held);
                 }
                 self.held.end();
+                if crate::handoff::pass(&self.held) {
+                    self.held.mark_passed();
+                    return false;
+                }
                 self.held.core.watchdog.unregister(self.held.watchdog_id);
                 true
             }

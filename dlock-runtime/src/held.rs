@@ -19,11 +19,18 @@ pub(crate) struct Held {
     pub(crate) fence: Option<u64>,
     pub(crate) lost: Arc<LostSignal>,
     pub(crate) watchdog_id: u64,
+    /// What it was acquired with (a hand-off goes only to a waiter asking the same).
+    pub(crate) terms: Terms,
+    /// One past the last fencing token reserved for this acquisition (see
+    /// [`handoff`](crate::handoff)).
+    pub(crate) fences_end: u64,
     /// The frame that acquired it (0: none, outside any call chain).
     frame: u64,
     holds: Mutex<Holds>,
     /// Woken when a scoped re-entry ends or the hold ends: a sibling may take its turn.
     turn: Notify,
+    /// Handed to another holder of this runtime when it ended (nothing to release).
+    passed: std::sync::atomic::AtomicBool,
 }
 
 /// The guards of one acquisition.
@@ -65,17 +72,59 @@ impl Held {
         terms: Terms,
         sent_at: Instant,
     ) -> Arc<Self> {
-        let Terms {
-            lease,
-            renew,
-            frame,
-        } = terms;
+        let Terms { lease, renew, .. } = terms;
         // Checked when the lock was requested; counting on nothing is the safe answer otherwise.
         let drift = core.backend.lease_margin(lease).unwrap_or(lease);
         let (watchdog_id, lost) = core
             .watchdog
             .register(&key, &owner, lease, drift, renew, sent_at);
         tracing::debug!(key = %key, ?fence, ?lease, watchdog = renew, "lock acquired");
+        let fences_end = fence.map_or(0, |f| f.saturating_add(core.backend.fence_block()));
+        Self::with(
+            core,
+            key,
+            owner,
+            fence,
+            fences_end,
+            terms,
+            watchdog_id,
+            lost,
+        )
+    }
+
+    /// A hold handed over by another holder of this runtime (see [`handoff`](crate::handoff)):
+    /// same engine hold and watchdog entry, the next fencing token, a lost signal of its own.
+    pub(crate) fn handed(
+        core: &Arc<Core>,
+        key: String,
+        baton: crate::handoff::Baton,
+        lost: Arc<LostSignal>,
+        terms: Terms,
+    ) -> Arc<Self> {
+        tracing::debug!(key = %key, fence = baton.fence, "lock handed over within the runtime");
+        Self::with(
+            core,
+            key,
+            baton.owner,
+            Some(baton.fence),
+            baton.fences_end,
+            terms,
+            baton.watchdog_id,
+            lost,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn with(
+        core: &Arc<Core>,
+        key: String,
+        owner: String,
+        fence: Option<u64>,
+        fences_end: u64,
+        terms: Terms,
+        watchdog_id: u64,
+        lost: Arc<LostSignal>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             core: core.clone(),
             key,
@@ -83,12 +132,15 @@ impl Held {
             fence,
             lost,
             watchdog_id,
-            frame,
+            terms,
+            fences_end,
+            frame: terms.frame,
             holds: Mutex::new(Holds {
                 count: 1,
                 nested: Vec::new(),
             }),
             turn: Notify::new(),
+            passed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -149,6 +201,17 @@ impl Held {
             self.lost.orphan();
         }
         self.turn.notify_waiters();
+    }
+
+    /// Records that the hold went to another holder of this runtime when it ended.
+    pub(crate) fn mark_passed(&self) {
+        self.passed
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the hold went to another holder of this runtime when it ended.
+    pub(crate) fn passed(&self) -> bool {
+        self.passed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether the acquisition is still in force.

@@ -22,6 +22,7 @@ mod error;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod fenced;
 mod guard;
+mod handoff;
 mod held;
 mod last_resort;
 mod lock;

@@ -30,6 +30,8 @@ pub mod scripts {
     pub const ACQUIRE: &str = script::ACQUIRE_LUA;
     /// `floor.lua`.
     pub const FLOOR: &str = script::FLOOR_LUA;
+    /// Tokens one acquisition reserves: at most this many holders of one runtime in a row.
+    pub const FENCE_BLOCK: u64 = crate::backend::redis::FENCE_BLOCK;
     /// The lowest value of a fence counter that was not recreated (`acquire.lua`'s `ARGV[4]`).
     pub const FENCE_FLOOR_MIN: i64 = script::FENCE_FLOOR_MIN;
     /// `renew.lua`.

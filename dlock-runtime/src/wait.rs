@@ -21,7 +21,7 @@ use crate::backend::{DynBackend, Wakeups};
 /// The local queue of one key.
 #[derive(Debug)]
 pub(crate) struct KeyQueue {
-    key: String,
+    pub(crate) key: String,
     /// Held by the one waiter of this process that contends with the engine.
     pub(crate) turn: tokio::sync::Mutex<()>,
     /// Woken (all registered, i.e. the head waiter) when the key may be free.
@@ -33,6 +33,8 @@ pub(crate) struct KeyQueue {
     held_here: AtomicBool,
     /// Lease (ms) of that local holder: bounds the wait if its release is never seen.
     held_lease_ms: AtomicU64,
+    /// The head waiter and a hold handed to it ([`crate::handoff`]).
+    pub(crate) slot: Mutex<crate::handoff::Slot>,
 }
 
 impl KeyQueue {
@@ -100,6 +102,11 @@ impl WaitHub {
         self.queues().contains_key(key)
     }
 
+    /// The local queue of `key`, if anybody waits.
+    pub(crate) fn queue(&self, key: &str) -> Option<Arc<KeyQueue>> {
+        self.queues().get(key).map(|(queue, _)| queue.clone())
+    }
+
     /// Joins the local queue of `key`.
     pub(crate) fn join(self: &Arc<Self>, key: &str) -> Ticket {
         let queue = match self.queues().entry(key.to_owned()) {
@@ -115,6 +122,7 @@ impl WaitHub {
                     watched: AtomicBool::new(false),
                     held_here: AtomicBool::new(false),
                     held_lease_ms: AtomicU64::new(0),
+                    slot: crate::handoff::slot(),
                 });
                 e.insert((queue.clone(), 1));
                 queue

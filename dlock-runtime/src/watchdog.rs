@@ -134,6 +134,18 @@ impl Watchdog {
         (id, lost)
     }
 
+    /// Gives the lock tracked as `id` a fresh lost signal (the lock passed to another holder of
+    /// this runtime: the previous holder's guards must not see its later fate), with the
+    /// validity confirmed so far. `None` when it is no longer tracked (found lost meanwhile).
+    pub(crate) fn transfer(&self, id: u64) -> Option<Arc<LostSignal>> {
+        let mut state = self.state();
+        let entry = state.entries.get_mut(&id)?;
+        let lost = Arc::new(LostSignal::default());
+        lost.set_valid_until(entry.valid_until);
+        entry.lost = lost.clone();
+        Some(lost)
+    }
+
     /// Stops tracking a lock (released or abandoned).
     pub(crate) fn unregister(&self, id: u64) {
         self.state().entries.remove(&id);

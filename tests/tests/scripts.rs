@@ -24,6 +24,8 @@ async fn acquire(
         .arg(lease_ms)
         .arg(600_000 + lease_ms)
         .arg(FENCE_FLOOR_MIN)
+        .arg(1)
+        .arg(owner)
         .invoke_async(conn)
         .await
         .unwrap()
@@ -36,6 +38,7 @@ async fn release(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner:
         .arg(released_channel(key))
         .arg("test")
         .arg("PUBLISH")
+        .arg(50)
         .invoke_async(conn)
         .await
         .unwrap()
@@ -284,4 +287,62 @@ async fn command_calls(server: &RedisServer) -> std::collections::HashMap<String
             Some((name.to_owned(), calls))
         })
         .collect()
+}
+
+/// A flagged release reserves the key for the waiters of every other runtime for a moment:
+/// the releasing runtime's own waiter is busy (for at most the reservation), a waiter of
+/// another runtime takes it, and the waiting flag carries over to the new holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flagged_release_reserves_the_key_for_other_runtimes() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // A holds on behalf of runtime "test" (the release helper's runtime id).
+    let script = Script::new(ACQUIRE);
+    let acquire_in = |runtime: &'static str, owner: &'static str| {
+        let mut invocation = script.key(lock_key("res"));
+        invocation
+            .key(fence_key("res"))
+            .arg(owner)
+            .arg(30_000)
+            .arg(630_000)
+            .arg(FENCE_FLOOR_MIN)
+            .arg(1)
+            .arg(runtime);
+        invocation
+    };
+    let first: i64 = acquire_in("test", A).invoke_async(&mut conn).await.unwrap();
+    assert!(first > 0);
+    // B (runtime "other") waits: flags A's lock.
+    let busy: i64 = acquire_in("other", B)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(busy < 0, "busy while A holds");
+    assert_eq!(release(&mut conn, "res", A).await, 1);
+    let reserved: String = server.query(redis::cmd("GET").arg(lock_key("res"))).await;
+    assert_eq!(
+        reserved, "~test",
+        "reserved for runtimes other than the releaser"
+    );
+    let ttl = server.pttl(&lock_key("res")).await;
+    assert!((1..=50).contains(&ttl), "a short reservation: {ttl} ms");
+    // A waiter of the releasing runtime is busy, for at most the reservation, and flags it.
+    const C: &str = "cccccccccccccccccccccccccccccccc";
+    let own: i64 = acquire_in("test", C).invoke_async(&mut conn).await.unwrap();
+    assert!(
+        (-2 - 50..=-2).contains(&own),
+        "the releaser's own waiter waits out the reservation: {own}"
+    );
+    // The other runtime's waiter takes it, keeping the flag for C.
+    let taken: i64 = acquire_in("other", B)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(taken > first, "acquired with a higher fence: {taken}");
+    let value: String = server.query(redis::cmd("GET").arg(lock_key("res"))).await;
+    assert_eq!(value, format!("{B}+"), "B holds, flagged for the waiting C");
+    assert!(
+        server.pttl(&lock_key("res")).await > 25_000,
+        "B's own lease"
+    );
 }

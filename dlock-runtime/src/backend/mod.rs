@@ -271,6 +271,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Ok(Duration::ZERO)
     }
 
+    /// How many consecutive fencing tokens one acquisition reserves, from the one it answers
+    /// (`Attempt::Acquired::fence`) up. Above 1, the runtime may hand a held lock to another
+    /// waiter of its own, with the next token, without a round trip (see `handoff.rs`).
+    fn fence_block(&self) -> u64 {
+        1
+    }
+
     /// Renewals of keys with different partitions never share a call (Cluster: the hash slot,
     /// since one script's keys must share one); each call succeeds or fails on its own.
     fn renew_partition(&self, _key: &str) -> u16 {
@@ -319,6 +326,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         deadline: tokio::time::Instant,
     ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>>;
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError>;
+    fn fence_block(&self) -> u64;
     fn renew_partition(&self, key: &str) -> u16;
     fn renew_batch_limit(&self) -> usize;
 }
@@ -390,6 +398,10 @@ impl<B: Backend> DynBackend for B {
 
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
         Backend::lease_margin(self, lease)
+    }
+
+    fn fence_block(&self) -> u64 {
+        Backend::fence_block(self)
     }
 
     fn renew_partition(&self, key: &str) -> u16 {

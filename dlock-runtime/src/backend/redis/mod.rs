@@ -39,6 +39,17 @@ const FENCE_TTL: Duration = Duration::from_secs(600);
 /// Message published by a force-unlock (never equal to a runtime id).
 const FORCED: &str = "forced";
 
+/// Fencing tokens one acquisition reserves (`INCRBY`): the first is the holder's, the others go
+/// to waiters of the same runtime that it hands the lock to without a round trip (at most
+/// this many holders per acquisition, so at most this many before the runtime releases in
+/// Redis and waiters of other processes get their turn).
+pub(crate) const FENCE_BLOCK: u64 = 16;
+
+/// How long a flagged release reserves the key for the waiters of other runtimes (see
+/// `lua/release.lua`): long enough for a published message and one attempt; should they all be
+/// gone, the key is free again after this.
+const RESERVATION: Duration = Duration::from_millis(50);
+
 pub(crate) struct RedisBackend {
     link: Link,
     names: Names,
@@ -114,16 +125,18 @@ impl RedisBackend {
                     .arg(owner)
                     .arg(millis_ceil(lease))
                     .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
-                    .arg(FENCE_FLOOR_MIN);
+                    .arg(FENCE_FLOOR_MIN)
+                    .arg(FENCE_BLOCK)
+                    .arg(&self.origin);
             })
             .await?;
-        Ok(decode_acquire(reply))
+        Ok(decode_acquire(reply, FENCE_BLOCK))
     }
 }
 
 impl Backend for RedisBackend {
     /// The first attempt, three plain commands in one round trip (no script): `SET lock owner
-    /// NX PX lease GET`, `INCR counter`, `PEXPIRE counter`. Not atomic, and need not be: the
+    /// NX PX lease GET`, `INCRBY counter FENCE_BLOCK`, `PEXPIRE counter`. Not atomic, and need not be: the
     /// counter only grows, an attempt that found the key taken just spends a value, and a
     /// holder's `INCR` runs after its `SET` and before the release that lets the next holder
     /// in, so tokens follow the order of the holds. (A holder whose value came from a
@@ -139,8 +152,9 @@ impl Backend for RedisBackend {
             .arg("PX")
             .arg(millis_ceil(lease))
             .arg("GET")
-            .cmd("INCR")
+            .cmd("INCRBY")
             .arg(&*counter)
+            .arg(FENCE_BLOCK)
             .cmd("PEXPIRE")
             .arg(&*counter)
             .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
@@ -155,19 +169,18 @@ impl Backend for RedisBackend {
         if !ours {
             return Ok(Attempt::Busy { ttl: None });
         }
-        let fence = if fence < FENCE_FLOOR_MIN {
+        let last = if fence < FENCE_FLOOR_MIN {
             self.run_script(&self.scripts.floor, Some(key), "acquire failed", |cmd| {
                 cmd.arg(1)
                     .arg(&*counter)
-                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)));
+                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
+                    .arg(FENCE_BLOCK);
             })
             .await?
         } else {
             fence
         };
-        Ok(Attempt::Acquired {
-            fence: u64::try_from(fence).ok(),
-        })
+        Ok(decode_acquire(last, FENCE_BLOCK))
     }
 
     async fn try_acquire_waiting(
@@ -199,6 +212,10 @@ impl Backend for RedisBackend {
         Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
     }
 
+    fn fence_block(&self) -> u64 {
+        FENCE_BLOCK
+    }
+
     fn renew_partition(&self, key: &str) -> u16 {
         match self.link {
             Link::Single(_) => 0,
@@ -214,7 +231,8 @@ impl Backend for RedisBackend {
                     .arg(owner)
                     .arg(self.names.channel(key))
                     .arg(&self.origin)
-                    .arg(self.link.publish_command());
+                    .arg(self.link.publish_command())
+                    .arg(millis_ceil(RESERVATION));
             })
             .await?;
         Ok(match reply {

@@ -61,11 +61,14 @@ impl Scripts {
 /// and is raised to the clock first (`lua/floor.lua`, or inside `lua/acquire.lua`).
 pub(crate) const FENCE_FLOOR_MIN: i64 = 1_000_000_000_000_000;
 
-/// The acquire script's one-integer answer (see `lua/acquire.lua`).
-pub(super) fn decode_acquire(reply: i64) -> Attempt {
+/// The acquire script's one-integer answer (see `lua/acquire.lua`): a grant carries the last
+/// token of a block of `block`, and the holder's fence is the block's first.
+pub(super) fn decode_acquire(reply: i64, block: u64) -> Attempt {
     match reply {
-        fence @ 1.. => Attempt::Acquired {
-            fence: u64::try_from(fence).ok(),
+        last @ 1.. => Attempt::Acquired {
+            fence: u64::try_from(last)
+                .ok()
+                .map(|last| last.saturating_sub(block.saturating_sub(1)).max(1)),
         },
         -1 | 0 => Attempt::Busy { ttl: None },
         busy => Attempt::Busy {
@@ -116,20 +119,26 @@ mod tests {
     #[test]
     fn acquire_answers_decode() {
         assert_eq!(
-            decode_acquire(1_795_246_357_831_253),
+            decode_acquire(1_795_246_357_831_253, 1),
             Attempt::Acquired {
                 fence: Some(1_795_246_357_831_253)
             }
         );
-        assert_eq!(decode_acquire(-1), Attempt::Busy { ttl: None });
         assert_eq!(
-            decode_acquire(-2),
+            decode_acquire(1_795_246_357_831_268, 16),
+            Attempt::Acquired {
+                fence: Some(1_795_246_357_831_253)
+            }
+        );
+        assert_eq!(decode_acquire(-1, 16), Attempt::Busy { ttl: None });
+        assert_eq!(
+            decode_acquire(-2, 16),
             Attempt::Busy {
                 ttl: Some(Duration::ZERO)
             }
         );
         assert_eq!(
-            decode_acquire(-2 - 29_500),
+            decode_acquire(-2 - 29_500, 16),
             Attempt::Busy {
                 ttl: Some(Duration::from_millis(29_500))
             }

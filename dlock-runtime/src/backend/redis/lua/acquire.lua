@@ -1,21 +1,27 @@
 -- Acquire a lock while waiting for it (the first attempt is the plain pipeline in
--- `script.rs`), idempotent per owner token; when it is held by somebody else, flag it so that
+-- `mod.rs`), idempotent per owner token; when it is held by somebody else, flag it so that
 -- its release notifies.
 --
 -- KEYS[1]  lock `<prefix>{<key>}`: a string, the owner token, with `+` appended once somebody
 --          outside the holder's process waits (the release then publishes; without it, it
---          does not)
+--          does not); or, for a moment after a flagged release, `~<runtime id>`: reserved for
+--          the waiters of every other runtime (release.lua)
 -- KEYS[2]  fence counter `<prefix>{<key>}:fence`
 -- ARGV[1]  owner token (random, 128-bit, hex)
 -- ARGV[2]  lease in milliseconds (the lock's TTL)
 -- ARGV[3]  fence counter TTL in milliseconds: the lease plus a margin
 -- ARGV[4]  the lowest fence a counter that was not recreated can hold (see `script.rs`)
+-- ARGV[5]  fence block: how many consecutive tokens an acquisition reserves (the runtime
+--          hands the lock to its own waiters with the others, see `script.rs`)
+-- ARGV[6]  this runtime's id
 --
 -- Returns one integer (cheaper than a table):
---         fence > 0     acquired (or already held by this owner: a retry of the same request;
---                       its TTL runs from the first, and the runtime counts from before that)
+--         fence > 0     acquired, the LAST token of the reserved block (or already held by
+--                       this owner: a retry of the same request; its TTL runs from the first,
+--                       and the runtime counts from before that)
 --         -1            held by another owner, with no TTL on the key
---         -2 - pttl     held by another owner whose lease has pttl ms left
+--         -2 - pttl     held by another owner (or reserved for other runtimes) whose lease
+--                       has pttl ms left
 --
 -- Fencing: the counter only grows (INCR) while it exists, and every acquisition and renewal
 -- pushes its expiry to ARGV[3] from now. A value below ARGV[4] means it was recreated (first
@@ -25,11 +31,21 @@
 -- attempt, far slower than one per microsecond) unless the clock was stepped back by more than
 -- the time since that earlier counter was created.
 local held = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+local flagged = false
+if held ~= false and string.sub(held, 1, 1) == '~' then
+  -- Reserved after a flagged release: for every runtime but the one that released.
+  flagged = string.sub(held, -1) == '+'
+  local by = flagged and string.sub(held, 2, -2) or string.sub(held, 2)
+  if by ~= ARGV[6] then
+    redis.call('SET', KEYS[1], flagged and ARGV[1] .. '+' or ARGV[1], 'PX', ARGV[2])
+    held = false
+  end
+end
 if held == false or held == ARGV[1] or held == ARGV[1] .. '+' then
-  local fence = redis.call('INCR', KEYS[2])
+  local fence = redis.call('INCRBY', KEYS[2], ARGV[5])
   if fence < tonumber(ARGV[4]) then
     local now = redis.call('TIME')
-    fence = math.max(fence, tonumber(now[1]) * 1000000 + tonumber(now[2]))
+    fence = math.max(fence, tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[5]))
     redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
   else
     redis.call('PEXPIRE', KEYS[2], ARGV[3])
