@@ -33,36 +33,46 @@ pub(crate) async fn evalsha_pairs(url: &str, n: usize) -> Result<Vec<Duration>, 
     Ok(sorted(lat))
 }
 
-/// The runtime's own acquire and release scripts, issued raw (no runtime) by `tasks` tasks on
-/// a key each, `per_task` pairs each: pairs per second.
+/// The runtime's own acquire and release requests, issued raw (no runtime) by `tasks` tasks on
+/// a key each, `per_task` pairs each: the first attempt's pipeline (`SET NX PX GET`, `INCRBY`
+/// and `PEXPIRE` of the fence counter) and the release script. Pairs per second.
 pub(crate) async fn script_pairs_parallel(
     url: &str,
     tasks: usize,
     per_task: usize,
 ) -> Result<f64, BoxError> {
     let conn = raw_conn(url).await?;
-    let acquire = Arc::new(redis::Script::new(scripts::ACQUIRE));
     let release = Arc::new(redis::Script::new(scripts::RELEASE));
     let t = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for k in 0..tasks {
         let mut conn = conn.clone();
-        let (acquire, release) = (acquire.clone(), release.clone());
+        let release = release.clone();
         set.spawn(async move {
             let owner = format!("{k:032x}");
             for _ in 0..per_task {
                 let key = format!("raw:{{par:{k}}}");
-                let _: i64 = acquire
-                    .key(&key)
-                    .key(format!("{key}:fence"))
+                let counter = format!("{key}:fence");
+                let (held, _fence): (Option<String>, i64) = redis::pipe()
+                    .cmd("SET")
+                    .arg(&key)
                     .arg(&owner)
+                    .arg("NX")
+                    .arg("PX")
                     .arg(30_000)
+                    .arg("GET")
+                    .cmd("INCRBY")
+                    .arg(&counter)
+                    .arg(scripts::FENCE_BLOCK)
+                    .cmd("PEXPIRE")
+                    .arg(&counter)
                     .arg(630_000)
-                    .arg(scripts::FENCE_FLOOR_MIN)
-                    .arg(1)
-                    .arg(&owner)
-                    .invoke_async(&mut conn)
+                    .ignore()
+                    .query_async(&mut conn)
                     .await?;
+                if held.is_some() {
+                    return Err::<(), BoxError>("raw acquire found the key taken".into());
+                }
                 let freed: i64 = release
                     .key(&key)
                     .arg(&owner)

@@ -773,3 +773,46 @@ async fn holder_cut_off_longer_than_the_client_waits_frees_the_key_at_once_after
     );
     got.release().await.expect("release");
 }
+
+/// Requests the server has received so far (`mntr`: `zk_packets_received`).
+fn packets_received(zk: &ZooKeeperServer) -> u64 {
+    let mntr = zk.four_letter("mntr").expect("mntr");
+    mntr.lines()
+        .find_map(|line| line.strip_prefix("zk_packets_received"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no zk_packets_received in mntr: {mntr}"))
+}
+
+/// The waiter right behind the holder takes the lock on the deletion event alone: nobody can
+/// be ahead of it once the head of the queue is gone, so it does not list the queue again. A
+/// hand-off is then the holder's delete and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_behind_the_holder_acquires_on_the_deletion_event_alone() {
+    let zk = ZooKeeperServer::start();
+    let rt = runtime(&zk).await;
+    let other = runtime(&zk).await;
+    let key = "zk:handoff:event";
+    let mut counts = Vec::new();
+    for round in 0..3 {
+        let holder = rt.hold(key, Duration::from_secs(30)).await;
+        let waiter = other.lock(key).wait(Duration::from_secs(20)).spawn();
+        queue_len(&zk, key, 2, Duration::from_secs(5)).await;
+        // Past the waiter's listing and its watch on the holder's node.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // What reading the count itself adds (`mntr` is a request too).
+        let idle = packets_received(&zk);
+        let before = packets_received(&zk);
+        let reading = before - idle;
+        holder.release().await.expect("release");
+        let (guard, _) = waiter_got_it(waiter, PROMPTLY, "released").await;
+        let requests = (packets_received(&zk) - before).saturating_sub(reading);
+        println!("round {round}: {requests} requests from the release to the next holder");
+        counts.push(requests);
+        guard.release().await.expect("release by the waiter");
+    }
+    // The holder's delete; a session ping may fall in the window too.
+    assert!(
+        counts.iter().any(|&n| n <= 1),
+        "every hand-off cost more than the holder's delete: {counts:?} requests"
+    );
+}

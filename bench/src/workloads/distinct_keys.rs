@@ -41,7 +41,7 @@ pub(crate) async fn parallel_rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     Ok(vec![Row::new(
         "64 tasks, distinct keys",
         format!("{par:.0} pairs/s"),
-        format!("{raw:.0} pairs/s (same 2 scripts, raw)"),
+        format!("{raw:.0} pairs/s (same requests, raw)"),
         times(par / raw),
         ">= 0.8x",
     )])

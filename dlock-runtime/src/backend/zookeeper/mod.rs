@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState};
 
 use self::path::{escape, sequence};
 use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
@@ -273,12 +273,16 @@ impl ZooKeeperBackend {
                     client.list_children(&parent),
                 )
                 .await?;
+            let lowest = children.iter().filter_map(|name| sequence(name)).min();
             let predecessor = children
                 .iter()
                 .filter_map(|name| sequence(name).map(|s| (s, name)))
                 .filter(|(s, _)| *s < my_seq)
-                .max_by_key(|(s, _)| *s)
-                .map(|(_, name)| format!("{parent}/{name}"));
+                .max_by_key(|(s, _)| *s);
+            // The predecessor heads the queue: once it is deleted nobody is ahead (sequence
+            // numbers only grow, so no node can appear between it and us).
+            let behind_the_head = predecessor.is_some_and(|(s, _)| Some(s) == lowest);
+            let predecessor = predecessor.map(|(_, name)| format!("{parent}/{name}"));
             let Some(predecessor) = predecessor else {
                 if !children.iter().any(|c| my_node.ends_with(c.as_str())) {
                     return Err(LockError::backend(
@@ -305,12 +309,15 @@ impl ZooKeeperBackend {
             if exists.is_none() {
                 continue;
             }
-            if tokio::time::timeout_at(deadline, watcher.changed())
-                .await
-                .is_err()
-            {
+            let Ok(event) = tokio::time::timeout_at(deadline, watcher.changed()).await else {
                 self.leave(owner).await;
                 return Ok(Attempt::Busy { ttl: None });
+            };
+            if behind_the_head && event.event_type == EventType::NodeDeleted {
+                // The holder released (or its session ended): ours, without listing again.
+                return Ok(Attempt::Acquired {
+                    fence: u64::try_from(stat.czxid).ok(),
+                });
             }
         }
     }
