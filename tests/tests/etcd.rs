@@ -25,7 +25,7 @@ use dlock_runtime::{LockError, current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
 use dlock_tests::{
     AcquireExt, BuildExt, Counting, HoldExt, LockGuard, RedisServer, Runtime, SetOnDrop,
-    count_in_processes, finish_within, hold_fenced_in_process, while_held,
+    count_in_processes, finish_within, hold_fenced_in_process, waiter_got_it, while_held,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
@@ -1111,4 +1111,62 @@ async fn unreachable_endpoints_are_backend_errors_within_the_timeout() {
     assert!(err.is_backend(), "expected Backend, got {err:?}");
     assert!(took < bound, "took {took:?}");
     blocking(|| etcd.resume());
+}
+
+/// Range requests the member at `endpoint` (`http://127.0.0.1:<port>`) has served so far,
+/// from its `/metrics` (`grpc_server_handled_total` of `Range`).
+fn ranges_served(endpoint: &str) -> u64 {
+    use std::io::{Read, Write};
+    let address = endpoint.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to /metrics");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("read timeout");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.0\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request /metrics");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).expect("read /metrics");
+    body.lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_handled_total{") && l.contains("grpc_method=\"Range\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|n| n as u64)
+        .sum()
+}
+
+/// The waiter right behind the holder takes the lock on the deletion event and one
+/// confirmation (its key and its lease, read at once): it does not look up the queue again,
+/// one read fewer per hand-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_behind_the_holder_acquires_on_the_deletion_event() {
+    let etcd = EtcdServer::start();
+    let rt = runtime(&etcd).await;
+    let other = runtime(&etcd).await;
+    let key = "etcd:handoff:event";
+    let endpoint = etcd.endpoint();
+    let mut counts = Vec::new();
+    for round in 0..3 {
+        let holder = rt.lock(key).held("holder").await;
+        let waiter = other.lock(key).wait(Duration::from_secs(20)).spawn();
+        wait_for_queue(&etcd, key, 2, Duration::from_secs(5)).await;
+        // Past the waiter's lookup and its watch on the holder's key.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = blocking(|| ranges_served(&endpoint));
+        holder.release().await.expect("release");
+        let (guard, _) = waiter_got_it(waiter, Duration::from_secs(5), "released").await;
+        let ranges = blocking(|| ranges_served(&endpoint)) - before;
+        println!("round {round}: {ranges} range reads from the release to the next holder");
+        counts.push(ranges);
+        guard.release().await.expect("release by the waiter");
+    }
+    // The holder's release reads its own key; the next holder's confirmation reads its own.
+    // Looking the queue up again would be a third.
+    assert!(
+        counts.iter().all(|&n| n <= 2),
+        "a hand-off looked the queue up again: {counts:?} range reads"
+    );
 }

@@ -75,13 +75,17 @@ impl EtcdBackend {
             .await?;
         let my_revision = put.header().map_or(0, |h| h.revision());
         loop {
-            // The predecessor: the newest key created before ours.
+            // The predecessor: the newest key created before ours (and whether another is
+            // ahead of it).
             let options = GetOptions::new()
                 .with_prefix()
                 .with_max_create_revision(my_revision - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(1);
+                .with_limit(2);
             let before = self.read_queue(key, "queue lookup failed", options).await?;
+            // The predecessor heads the queue: once it is deleted nobody is ahead (keys created
+            // later have higher revisions).
+            let behind_the_head = before.kvs().len() == 1;
             let Some(predecessor) = before.kvs().first() else {
                 if keeper.is_none() {
                     // First in line at once: the lease was just granted and the key just
@@ -113,6 +117,7 @@ impl EtcdBackend {
                     .await
                 })
                 .await?;
+            // `true` when the predecessor was deleted; `false` when the watch ended otherwise.
             let deleted = async {
                 loop {
                     match watch.message().await {
@@ -121,19 +126,28 @@ impl EtcdBackend {
                                 .events()
                                 .iter()
                                 .any(|e| e.event_type() == EventType::Delete)
-                                || resp.canceled()
                             {
-                                return;
+                                return true;
+                            }
+                            if resp.canceled() {
+                                return false;
                             }
                         }
                         // The stream ended or failed: look again (bounded by the loop).
-                        _ => return,
+                        _ => return false,
                     }
                 }
             };
-            if tokio::time::timeout_at(deadline, deleted).await.is_err() {
+            let Ok(deleted) = tokio::time::timeout_at(deadline, deleted).await else {
                 self.leave(owner).await;
                 return Ok(Attempt::Busy { ttl: None });
+            };
+            if deleted && behind_the_head {
+                // The holder released (or its lease ended): first in line, without looking up
+                // the queue again.
+                return self
+                    .confirm_first(key, &contender_key, lease_id, my_revision)
+                    .await;
             }
         }
     }
@@ -146,16 +160,16 @@ impl EtcdBackend {
         lease: i64,
         revision: i64,
     ) -> Result<Attempt, LockError> {
-        let mine = self
-            .bounded(Some(key), "confirmation failed", |mut c| async move {
+        // Both at once: one round trip.
+        let (mine, alive) = tokio::join!(
+            self.bounded(Some(key), "confirmation failed", |mut c| async move {
                 c.get(contender_key, None).await
-            })
-            .await?;
-        let alive = self
-            .bounded(Some(key), "lease check failed", |mut c| async move {
+            }),
+            self.bounded(Some(key), "lease check failed", |mut c| async move {
                 c.lease_time_to_live(lease, None).await
             })
-            .await?;
+        );
+        let (mine, alive) = (mine?, alive?);
         if mine.kvs().is_empty() || alive.ttl() <= 0 {
             return Err(LockError::backend(
                 Some(key),
