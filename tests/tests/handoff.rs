@@ -192,3 +192,48 @@ async fn hot_key_in_two_runtimes_is_shared_between_them() {
         smaller * 100.0
     );
 }
+
+/// A waiter handed the lock but cancelled before it took it (its future dropped between the
+/// hand-over and its next poll) does not keep the key: the hold it never took is released at
+/// once, and its renewals stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_handed_to_a_waiter_cancelled_before_it_took_it_is_released() {
+    let (server, rt) = redis_with_runtime().await;
+    let other = Runtime::from_url(&server.url()).await.expect("runtime");
+    let key = "handoff:cancelled";
+    let holder = rt.lock(key).lease(LEASE).held("holder").await;
+    let mut waiting = Box::pin(
+        rt.lock(key)
+            .lease(LEASE)
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    );
+    // Polled until it heads the queue (subscribed, waiting for the holder's release).
+    let polled = tokio::time::timeout(Duration::from_millis(300), waiting.as_mut()).await;
+    assert!(polled.is_err(), "the waiter cannot have the lock yet");
+    let attempts = server.set_calls().await;
+    holder
+        .release()
+        .await
+        .expect("release: handed to the waiter");
+    assert!(
+        server.exists(&lock_key(key)).await,
+        "handed over, not released in Redis"
+    );
+    // Cancelled before it took the hold handed to it.
+    drop(waiting);
+    let start = std::time::Instant::now();
+    let guard = other
+        .lock(key)
+        .lease(LEASE)
+        .wait(Duration::from_secs(20))
+        .held("another runtime")
+        .await;
+    let took = start.elapsed();
+    println!("the stranded hold was released; another runtime acquired after {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the key stayed locked {took:?} after the waiter it was handed to was cancelled"
+    );
+    guard.release().await.expect("release");
+}
