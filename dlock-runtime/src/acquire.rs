@@ -25,9 +25,11 @@ const POLL_UNWATCHED: Duration = Duration::from_millis(200);
 /// Longest deadline the runtime computes; a larger `wait` means "until acquired".
 pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// A random 128-bit owner token, chosen before any request is sent.
-fn new_owner() -> String {
-    format!("{:032x}", rand::random::<u128>())
+/// An owner token, chosen before any request is sent: 32 hex digits, the runtime's id (16,
+/// the engines' "runtime id") then 64 random bits. The Redis engine reads the prefix to tell a
+/// holder of the waiter's own runtime, whose release wakes the waiter without a message.
+fn new_owner(core: &Core) -> String {
+    format!("{:016x}{:016x}", core.id, rand::random::<u64>())
 }
 
 /// One owner-checked attempt; if the answer never arrives (error, timeout, or the future is
@@ -75,7 +77,7 @@ pub(crate) async fn acquire_fresh(
     wait: Duration,
 ) -> Result<Arc<Held>, LockError> {
     let lease = terms.lease;
-    let owner = new_owner();
+    let owner = new_owner(core);
     let started = Instant::now();
     let deadline = started + wait.min(FOREVER);
     let timeout = |key: String| LockError::Timeout {
@@ -95,7 +97,7 @@ pub(crate) async fn acquire_fresh(
             // lasts: queue again with a fresh owner token.
             Err(err) if err.is_backend() && Instant::now() + ERROR_RETRY < deadline => {
                 tracing::debug!(key = %key, error = %err, "queueing failed; retrying within the wait");
-                owner = new_owner();
+                owner = new_owner(core);
                 tokio::time::sleep(ERROR_RETRY).await;
             }
             Err(err) => return Err(err),
@@ -186,7 +188,7 @@ async fn wait_in_queue(
             // owner token, so the next attempt takes a fresh one.
             Err(err) if err.is_backend() && Instant::now() + ERROR_RETRY < deadline => {
                 tracing::debug!(key = %key, error = %err, "attempt failed; retrying within the wait");
-                owner = new_owner();
+                owner = new_owner(core);
                 tokio::time::sleep(ERROR_RETRY).await;
                 continue;
             }

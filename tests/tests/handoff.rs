@@ -53,8 +53,8 @@ fn assert_increasing(order: &[(usize, u64)]) {
 }
 
 /// Sixteen tasks of one runtime on one key: most acquisitions are hand-overs, which send
-/// nothing to Redis (without them every acquisition is at least one attempt: a `SET`), and
-/// every holder's fence is above the previous holder's.
+/// nothing to Redis (without them every acquisition is at least one attempt: a `SET`), every
+/// holder's fence is above the previous holder's, and no release publishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
     let (server, rt) = redis_with_runtime().await;
@@ -62,15 +62,23 @@ async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
     const EACH: usize = 10;
     let order = Arc::new(Mutex::new(Vec::new()));
     let before = server.set_calls().await;
+    let published_before = server.command_calls("publish").await;
     let tasks = contend(&rt, "handoff:hot", TASKS, EACH, 0, &order).await;
     finish_within(tasks, Duration::from_secs(60)).await;
     let attempts = server.set_calls().await - before;
+    let published = server.command_calls("publish").await - published_before;
     let order = order.lock().unwrap().clone();
     let acquisitions = order.len() as u64;
     assert_eq!(acquisitions, (TASKS * EACH) as u64);
     assert_increasing(&order);
     println!(
         "{acquisitions} acquisitions by {TASKS} tasks of one runtime: {attempts} attempts in Redis"
+    );
+    // Waiters of the holder's own runtime are woken by its release: they never flag the
+    // lock, so no release publishes (nor reserves the key for other runtimes).
+    assert_eq!(
+        published, 0,
+        "releases published although every waiter was of the holder's runtime"
     );
     assert!(
         attempts * 3 < acquisitions,

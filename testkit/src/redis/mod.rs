@@ -206,9 +206,16 @@ impl RedisServer {
     /// commandstats` counts those run inside scripts too). A fence counter restarted at the
     /// clock adds one more.
     pub async fn set_calls(&self) -> u64 {
+        self.command_calls("set").await
+    }
+
+    /// How many times the server ran `command` (lower case, e.g. `publish`), those run inside
+    /// scripts included (`INFO commandstats`).
+    pub async fn command_calls(&self, command: &str) -> u64 {
         let info: String = self.query(redis::cmd("INFO").arg("commandstats")).await;
+        let prefix = format!("cmdstat_{command}:");
         info.lines()
-            .filter_map(|line| line.strip_prefix("cmdstat_set:"))
+            .filter_map(|line| line.strip_prefix(prefix.as_str()))
             .filter_map(|fields| fields.split(',').find_map(|f| f.strip_prefix("calls=")))
             .filter_map(|n| n.parse::<u64>().ok())
             .sum()

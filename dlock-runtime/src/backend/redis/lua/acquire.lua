@@ -7,7 +7,7 @@
 --          does not); or, for a moment after a flagged release, `~<runtime id>`: reserved for
 --          the waiters of every other runtime (release.lua)
 -- KEYS[2]  fence counter `<prefix>{<key>}:fence`
--- ARGV[1]  owner token (random, 128-bit, hex)
+-- ARGV[1]  owner token (32 hex digits: the runtime id, then 64 random bits)
 -- ARGV[2]  lease in milliseconds (the lock's TTL)
 -- ARGV[3]  fence counter TTL in milliseconds: the lease plus a margin
 -- ARGV[4]  the lowest fence a counter that was not recreated can hold (see `script.rs`)
@@ -52,7 +52,9 @@ if held == false or held == ARGV[1] or held == ARGV[1] .. '+' then
   end
   return fence
 end
-if string.sub(held, -1) ~= '+' then
+-- Flag it, unless the holder is of this runtime (owner tokens start with the runtime id): its
+-- release wakes this waiter without a message, and a flag would reserve the key for others.
+if string.sub(held, -1) ~= '+' and string.sub(held, 1, #ARGV[6]) ~= ARGV[6] then
   redis.call('SET', KEYS[1], held .. '+', 'KEEPTTL')
 end
 local pttl = redis.call('PTTL', KEYS[1])
