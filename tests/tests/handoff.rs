@@ -219,7 +219,6 @@ async fn lock_handed_to_a_waiter_cancelled_before_it_took_it_is_released() {
     // Polled until it heads the queue (subscribed, waiting for the holder's release).
     let polled = tokio::time::timeout(Duration::from_millis(300), waiting.as_mut()).await;
     assert!(polled.is_err(), "the waiter cannot have the lock yet");
-    let attempts = server.set_calls().await;
     holder
         .release()
         .await

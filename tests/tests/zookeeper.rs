@@ -816,3 +816,135 @@ async fn waiter_behind_the_holder_acquires_on_the_deletion_event_alone() {
         "every hand-off cost more than the holder's delete: {counts:?} requests"
     );
 }
+
+/// Regression (found by the torture program): a waiter whose wait ended just as the server
+/// went down gave up its place in the queue with a delete that was sent but never answered (the
+/// connection broke first), and forgot the node. The waiter's session lived on (its client
+/// reconnected to the restarted server), so the node stayed in line ahead of everyone and the
+/// key stayed locked for as long as the waiter's process lived. A place given up without the
+/// server's answer is now removed once the server answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_giving_up_as_the_server_goes_down_leaves_no_place_in_the_queue() {
+    const WAIT: Duration = Duration::from_secs(2);
+    // The waiter's client drops a connection that has not answered for its `timeout` (2 s);
+    // its pings keep the last answer less than 1 s old, so the connection breaks 1 s or more
+    // after the server froze. The delete at the deadline, 0.4 s after the freeze, is written to
+    // the connection and never answered.
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    const FROZEN_BEFORE_DEADLINE: Duration = Duration::from_millis(400);
+    let mut zk = ZooKeeperServer::start();
+    let key = "zk:restart:leave";
+    let holder_rt = runtime(&zk).await;
+    let holder = holder_rt.hold(key, Duration::from_secs(30)).await;
+    let waiter_rt = Runtime::builder()
+        .zookeeper(zk.connect_string())
+        .session_timeout(Duration::from_secs(10))
+        .timeout(TIMEOUT)
+        .built()
+        .await;
+    let started = Instant::now();
+    let waiter = waiter_rt.lock(key).wait(WAIT).spawn();
+    let queued = queue_len(&zk, key, 2, Duration::from_secs(1)).await;
+    tokio::time::sleep((WAIT - FROZEN_BEFORE_DEADLINE).saturating_sub(started.elapsed())).await;
+    zk.pause();
+    let (gave_up, _) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gives up within its wait and the runtime's timeout")
+        .expect("waiter task");
+    assert!(
+        gave_up.is_err(),
+        "the waiter acquired a key held by a live holder"
+    );
+    // The server dies with the delete unread and starts again with its data: both sessions are
+    // restored, and their clients reconnect to them.
+    zk.kill9();
+    tokio::task::block_in_place(|| zk.restart());
+    let back = Instant::now();
+    let released = holder.release().await;
+    println!("holder's release after the restart: {released:?}");
+    let other = runtime(&zk).await;
+    let got = other
+        .lock(key)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await;
+    let after = back.elapsed();
+    let queue = queue_of(&zk, key);
+    println!(
+        "queue before the fault {queued:?}; after it {queue:?}; acquired: {got:?} after {after:?}"
+    );
+    let waiters_place = &queued[1];
+    assert!(
+        got.is_ok() && !queue.contains(waiters_place),
+        "the key stayed locked {after:?} after the restart although its holder released and its \
+         waiter gave up ({got:?}): the waiter's place {waiters_place} is still in the queue \
+         {queue:?}"
+    );
+    if let Ok(guard) = got {
+        guard.release().await.expect("release");
+    }
+    // Alive until here: the waiter's session lived throughout.
+    drop(waiter_rt);
+}
+
+/// Regression (found by the torture program): a session the client had given up on was
+/// resumed with the client library's default timeout (6 s), not the one asked for, and the
+/// server applied it to the session from then on: its nodes outlived a dead process by 6 s
+/// instead of 2, and the runtime counted on 6 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_resumed_after_the_client_gave_up_keeps_the_timeout_asked_for() {
+    const SESSION: Duration = Duration::from_secs(2);
+    let mut zk = ZooKeeperServer::start();
+    let rt = zk_runtime(&zk, SESSION).await;
+    let key = "zk:restart:resumed-timeout";
+    rt.lock(key).cycled("acquire before the outage").await;
+    let before = session_timeouts(&zk);
+    let [(session, granted)] = before.as_slice() else {
+        panic!("one client connection expected: {before:?}");
+    };
+    assert_eq!(*granted, SESSION, "granted before the outage");
+    zk.kill9();
+    // Past the client's own limit (1.4 × 2 s): it gives the session up.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::task::block_in_place(|| zk.restart());
+    // The restarted server restored the session from its log; the next call resumes it.
+    let guard = rt
+        .lock(key)
+        .wait(Duration::from_secs(10))
+        .held("acquire after the restart")
+        .await;
+    let valid = guard.valid_for();
+    let after = session_timeouts(&zk);
+    guard.release().await.expect("release");
+    println!(
+        "session {session} before the outage: {granted:?}; after the restart: {after:?}; valid_for {valid:?}"
+    );
+    let resumed = after
+        .iter()
+        .find(|(id, _)| id == session)
+        .unwrap_or_else(|| panic!("session {session} was not resumed: {after:?}"));
+    assert_eq!(
+        resumed.1, SESSION,
+        "the resumed session {session} has another timeout than the {SESSION:?} asked for"
+    );
+    assert!(
+        valid <= SESSION,
+        "after the resume the runtime counts on {valid:?}: more than the {SESSION:?} asked for"
+    );
+}
+
+/// The sessions of the server's client connections (`cons`) with their timeouts.
+fn session_timeouts(zk: &ZooKeeperServer) -> Vec<(String, Duration)> {
+    let cons = zk.four_letter("cons").expect("cons");
+    cons.lines()
+        .filter_map(|line| {
+            let field = |name: &str| {
+                line.split([',', '(', ')'])
+                    .find_map(|f| f.strip_prefix(name))
+                    .map(str::to_owned)
+            };
+            let ms: u64 = field("to=")?.parse().ok()?;
+            Some((field("sid=")?, Duration::from_millis(ms)))
+        })
+        .collect()
+}

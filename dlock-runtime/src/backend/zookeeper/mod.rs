@@ -19,14 +19,20 @@
 //! one task recovers for all: it first resumes that session, since a server that restarted
 //! restores its sessions from its log and would otherwise keep their nodes — locks and queue
 //! places nobody tracks any more — until it expires them; only a session the server no longer
-//! knows is replaced by a new one.
+//! knows is replaced by a new one. A resumed session keeps the timeout asked for.
+//!
+//! A node of a live session never goes by itself, whatever the lease: a release, or a waiter
+//! leaving the queue, whose delete got no answer (the connection broke, the server restarted,
+//! no reply in time) would leave the node in line ahead of everyone for as long as this process
+//! keeps its session. Such a node is removed in the background, retried until the server
+//! answers, for as long as the runtime lives.
 
 pub(crate) mod config;
 mod path;
 
 pub(crate) use path::escape as path_segment;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
@@ -39,20 +45,34 @@ use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
 use crate::LockError;
 
 pub(crate) struct ZooKeeperBackend {
+    session: Arc<Session>,
+    root: String,
+    /// Owner token -> its node's full path.
+    contenders: Mutex<HashMap<String, String>>,
+}
+
+/// The ZooKeeper session the runtime goes on with, shared with the background removals of
+/// nodes whose delete got no answer.
+struct Session {
     client: RwLock<Client>,
     connect: String,
-    root: String,
-    /// The session timeout asked for.
-    session_timeout: Duration,
+    /// The session timeout asked for (when a session opens, and when one is resumed).
+    requested: Duration,
     /// The session timeout the server granted to the current session, in nanoseconds: what
     /// the runtime counts on (see the module docs).
     negotiated: AtomicU64,
     timeout: Duration,
-    /// Owner token -> its node's full path.
-    contenders: Mutex<HashMap<String, String>>,
     /// Held by the one task recovering a session, so that concurrent failures open one.
     recovering: tokio::sync::Mutex<()>,
+    /// Owner tokens whose nodes are being removed in the background (one removal each).
+    removing: Mutex<HashSet<String>>,
 }
+
+/// First pause of a background removal; it doubles up to [`REMOVAL_PAUSE_MAX`].
+const REMOVAL_PAUSE_FIRST: Duration = Duration::from_millis(100);
+
+/// Longest pause between two attempts of a background removal.
+const REMOVAL_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// A duration in nanoseconds, saturating.
 fn nanos(d: Duration) -> u64 {
@@ -63,28 +83,30 @@ fn zk_error(key: Option<&str>, what: &str, err: ZkError) -> LockError {
     LockError::backend(key, what, Some(Arc::new(err)))
 }
 
-impl ZooKeeperBackend {
-    /// Connects to `connect` (`host:port,host:port[/chroot]`).
-    pub(crate) async fn connect(
-        connect: &str,
-        session_timeout: Duration,
-        ctx: &Context,
-    ) -> Result<Self, LockError> {
-        let (prefix, timeout) = (ctx.prefix.as_str(), ctx.timeout);
-        let client = Self::new_session(connect, session_timeout, timeout).await?;
-        let root = format!("/{}", escape(prefix.trim_end_matches(':')));
-        Ok(Self {
-            negotiated: AtomicU64::new(nanos(client.session_timeout())),
-            client: RwLock::new(client),
-            connect: connect.to_owned(),
-            root,
-            session_timeout,
-            timeout,
-            contenders: Mutex::default(),
-            recovering: tokio::sync::Mutex::new(()),
-        })
-    }
+/// Whether `err` is the server's answer about a node (it does not exist, may not be touched,
+/// ...), rather than a request that got none: a broken connection, a session the client gave
+/// up on, a closed client.
+fn answered(err: &ZkError) -> bool {
+    matches!(
+        err,
+        ZkError::NoNode
+            | ZkError::NoAuth
+            | ZkError::BadVersion
+            | ZkError::NotEmpty
+            | ZkError::NodeExists
+            | ZkError::InvalidAcl
+            | ZkError::NoChildrenForEphemerals
+            | ZkError::BadArguments(_)
+    )
+}
 
+/// The start of the names of `owner`'s queue nodes: the owner token is in the name, so a
+/// node can be found without knowing its sequence number.
+fn marker(owner: &str) -> String {
+    format!("lock-{owner}-")
+}
+
+impl Session {
     async fn new_session(
         connect: &str,
         session_timeout: Duration,
@@ -141,13 +163,6 @@ impl ZooKeeperBackend {
             .clone()
     }
 
-    fn contenders(&self) -> MutexGuard<'_, HashMap<String, String>> {
-        // Map operations cannot be interrupted half-way: a poisoned lock is consistent.
-        self.contenders
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// After the client's session ended (expired, or the client gave up on it), the session
     /// the runtime goes on with: the same one resumed if the server still keeps it, else a new
     /// one (every ephemeral node of the old one is then gone, and their holders learn it at
@@ -165,16 +180,18 @@ impl ZooKeeperBackend {
         }
         // A server that was down for longer than the client waited restores the session from
         // its log when it starts, with its nodes: resume it rather than leave them to the
-        // server's expiry (the client's "expired" was its own verdict, not the server's).
-        let resume = Client::connector().with_session(old.session().clone());
+        // server's expiry (the client's "expired" was its own verdict, not the server's). With
+        // the timeout asked for: a resume asks for one too, and the server applies it to the
+        // session from then on.
+        let resume = Client::connector()
+            .with_session(old.session().clone())
+            .with_session_timeout(self.requested);
         let (client, resumed) = match Self::open(&self.connect, resume, self.timeout).await {
             Ok(client) => (client, true),
-            Err(_) => {
-                match Self::new_session(&self.connect, self.session_timeout, self.timeout).await {
-                    Ok(client) => (client, false),
-                    Err(_) => return false,
-                }
-            }
+            Err(_) => match Self::new_session(&self.connect, self.requested, self.timeout).await {
+                Ok(client) => (client, false),
+                Err(_) => return false,
+            },
         };
         // Before the client is published: a lock taken on the new session is counted with
         // the new session's timeout (a server restarted with other limits may grant another).
@@ -227,46 +244,177 @@ impl ZooKeeperBackend {
         }
     }
 
+    /// Deletes the nodes in the queue `parent` whose names start with `marker` (one owner's):
+    /// `Ok(true)` when one was deleted, `Ok(false)` when the server had none, `Err` when an
+    /// answer is missing (a node may still be there), with the session error if there was one.
+    async fn delete_marked(
+        &self,
+        key: &str,
+        parent: &str,
+        marker: &str,
+    ) -> Result<bool, (LockError, Option<ZkError>)> {
+        let client = self.client();
+        let what = "release failed";
+        let children = match self
+            .within(Some(key), what, client.list_children(parent))
+            .await
+        {
+            Ok(Ok(children)) => children,
+            // No parent: no node of anyone's.
+            Ok(Err(ZkError::NoNode)) => return Ok(false),
+            Ok(Err(e)) => return Err((zk_error(Some(key), what, e.clone()), Some(e))),
+            Err(e) => return Err((e, None)),
+        };
+        let mut deleted = false;
+        for name in children.iter().filter(|n| n.starts_with(marker)) {
+            let node = format!("{parent}/{name}");
+            match self
+                .within(Some(key), what, client.delete(&node, None))
+                .await
+            {
+                Ok(Ok(())) => deleted = true,
+                Ok(Err(e)) if answered(&e) => {}
+                Ok(Err(e)) => return Err((zk_error(Some(key), what, e.clone()), Some(e))),
+                Err(e) => return Err((e, None)),
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+impl ZooKeeperBackend {
+    /// Connects to `connect` (`host:port,host:port[/chroot]`).
+    pub(crate) async fn connect(
+        connect: &str,
+        session_timeout: Duration,
+        ctx: &Context,
+    ) -> Result<Self, LockError> {
+        let (prefix, timeout) = (ctx.prefix.as_str(), ctx.timeout);
+        let client = Session::new_session(connect, session_timeout, timeout).await?;
+        let root = format!("/{}", escape(prefix.trim_end_matches(':')));
+        let session = Session {
+            negotiated: AtomicU64::new(nanos(client.session_timeout())),
+            client: RwLock::new(client),
+            connect: connect.to_owned(),
+            requested: session_timeout,
+            timeout,
+            recovering: tokio::sync::Mutex::new(()),
+            removing: Mutex::default(),
+        };
+        Ok(Self {
+            session: Arc::new(session),
+            root,
+            contenders: Mutex::default(),
+        })
+    }
+
+    fn contenders(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        // Map operations cannot be interrupted half-way: a poisoned lock is consistent.
+        self.contenders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn parent(&self, key: &str) -> String {
         format!("{}/{}", self.root, escape(key))
     }
 
+    /// Removes `owner`'s nodes in the queue of `key` in the background, after a delete that
+    /// got no answer: retried, with pauses growing to a second, until the server answers, for
+    /// as long as this runtime lives (then its session ends with it, or expires, and the nodes
+    /// with the session). Left alone, a node of a live session would keep its place in line
+    /// for as long as the process runs.
+    fn remove_later(&self, key: &str, owner: &str) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !self
+            .session
+            .removing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(owner.to_owned())
+        {
+            // Already being removed.
+            return;
+        }
+        let session = Arc::downgrade(&self.session);
+        let (key, owner, parent) = (key.to_owned(), owner.to_owned(), self.parent(key));
+        handle.spawn(async move {
+            let marker = marker(&owner);
+            let mut pause = REMOVAL_PAUSE_FIRST;
+            loop {
+                tokio::time::sleep(pause).await;
+                let Some(session) = session.upgrade() else {
+                    return;
+                };
+                match session.delete_marked(&key, &parent, &marker).await {
+                    Ok(deleted) => {
+                        if deleted {
+                            tracing::debug!(key = %key, "a node whose delete went unanswered was removed");
+                        }
+                        session
+                            .removing
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .remove(&owner);
+                        return;
+                    }
+                    Err((err, session_error)) => {
+                        tracing::debug!(key = %key, error = %err, "removing a node failed; retrying");
+                        if let Some(e) = session_error {
+                            let _ = session.recover(&e).await;
+                        }
+                    }
+                }
+                pause = (pause * 2).min(REMOVAL_PAUSE_MAX);
+            }
+        });
+    }
+
     /// Queues in `key` until first in line (`Acquired`) or `deadline` (`Busy`, node deleted).
     async fn queue(&self, key: &str, owner: &str, deadline: Instant) -> Result<Attempt, LockError> {
-        let client = self.client();
+        let client = self.session.client();
         let parent = self.parent(key);
         let acls = Acls::anyone_all();
         let container = CreateMode::Container.with_acls(acls);
         let ephemeral = CreateMode::EphemeralSequential.with_acls(acls);
         // The owner token in the name: a release that lost track of the node (the create was
         // in flight when the acquire was cancelled) still finds it (Curator's "protected" mode).
-        let node_prefix = format!("{parent}/lock-{owner}-");
+        let node_prefix = format!("{parent}/{}", marker(owner));
         let created = client.create(&node_prefix, owner.as_bytes(), &ephemeral);
-        let (stat, seq) = match self.within(Some(key), "queueing failed", created).await? {
+        let (stat, seq) = match self
+            .session
+            .within(Some(key), "queueing failed", created)
+            .await?
+        {
             Ok(done) => done,
             // No parent yet (first use, or the server removed the empty container): create
             // the container parents, then the node. The common case is one call.
             Err(ZkError::NoNode) => {
-                self.bounded(
-                    Some(key),
-                    "queueing failed",
-                    client.mkdir(&parent, &container),
-                )
-                .await?;
-                self.bounded(
-                    Some(key),
-                    "queueing failed",
-                    client.create(&node_prefix, owner.as_bytes(), &ephemeral),
-                )
-                .await?
+                self.session
+                    .bounded(
+                        Some(key),
+                        "queueing failed",
+                        client.mkdir(&parent, &container),
+                    )
+                    .await?;
+                self.session
+                    .bounded(
+                        Some(key),
+                        "queueing failed",
+                        client.create(&node_prefix, owner.as_bytes(), &ephemeral),
+                    )
+                    .await?
             }
-            Err(e) => return Err(self.failed(Some(key), "queueing failed", e).await),
+            Err(e) => return Err(self.session.failed(Some(key), "queueing failed", e).await),
         };
         let my_seq = seq.into_i64();
         let my_node = format!("{node_prefix}{seq}");
         self.contenders().insert(owner.to_owned(), my_node.clone());
         loop {
             let children = self
+                .session
                 .bounded(
                     Some(key),
                     "queue lookup failed",
@@ -296,10 +444,11 @@ impl ZooKeeperBackend {
                 });
             };
             if Instant::now() >= deadline {
-                self.leave(owner).await;
+                self.leave(key, owner).await;
                 return Ok(Attempt::Busy { ttl: None });
             }
             let (exists, watcher) = self
+                .session
                 .bounded(
                     Some(key),
                     "watch failed",
@@ -310,7 +459,7 @@ impl ZooKeeperBackend {
                 continue;
             }
             let Ok(event) = tokio::time::timeout_at(deadline, watcher.changed()).await else {
-                self.leave(owner).await;
+                self.leave(key, owner).await;
                 return Ok(Attempt::Busy { ttl: None });
             };
             if behind_the_head && event.event_type == EventType::NodeDeleted {
@@ -322,16 +471,18 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Deletes `owner`'s node, if any.
-    async fn leave(&self, owner: &str) -> bool {
+    /// Gives up `owner`'s place in the queue of `key`, if it has one.
+    async fn leave(&self, key: &str, owner: &str) {
         let Some(node) = self.contenders().remove(owner) else {
-            return false;
+            return;
         };
-        let client = self.client();
-        matches!(
-            tokio::time::timeout(self.timeout, client.delete(&node, None)).await,
-            Ok(Ok(()))
-        )
+        let client = self.session.client();
+        match tokio::time::timeout(self.session.timeout, client.delete(&node, None)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if answered(&e) => {}
+            // No answer: the node may still be in line, on a session that lives on.
+            _ => self.remove_later(key, owner),
+        }
     }
 }
 
@@ -357,12 +508,12 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
-        let mut client = self.client();
+        let mut client = self.session.client();
         if matches!(client.state(), SessionState::Expired | SessionState::Closed) {
             // The session ended on the client: resume it or open a new one; the nodes are
             // then looked up on whatever session is in place (a resumed one still has them).
-            let _ = self.recover(&ZkError::SessionExpired).await;
-            client = self.client();
+            let _ = self.session.recover(&ZkError::SessionExpired).await;
+            client = self.session.client();
         }
         let state = client.state();
         let mut out = Vec::with_capacity(batch.len());
@@ -376,11 +527,13 @@ impl Backend for ZooKeeperBackend {
                     Some(false)
                 }
                 SessionState::Disconnected => None,
-                _ => match tokio::time::timeout(self.timeout, client.check_stat(&node)).await {
+                _ => match tokio::time::timeout(self.session.timeout, client.check_stat(&node))
+                    .await
+                {
                     Ok(Ok(Some(_))) => Some(true),
                     Ok(Ok(None)) => Some(false),
                     Ok(Err(e)) => {
-                        let _ = self.recover(&e).await;
+                        let _ = self.session.recover(&e).await;
                         matches!(e, ZkError::SessionExpired).then_some(false)
                     }
                     Err(_) => None,
@@ -391,65 +544,65 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
-        let client = self.client();
+        let session = &self.session;
+        let what = "release failed";
         let Some(node) = self.contenders().get(owner).cloned() else {
             // No record: a create may have landed after its acquire was cancelled. Its name
             // carries the owner token.
-            let parent = self.parent(key);
-            let Ok(Ok(children)) =
-                tokio::time::timeout(self.timeout, client.list_children(&parent)).await
-            else {
-                return Ok(Released::NotOwner);
+            return match session
+                .delete_marked(key, &self.parent(key), &marker(owner))
+                .await
+            {
+                Ok(true) => Ok(Released::Freed),
+                Ok(false) => Ok(Released::NotOwner),
+                Err((err, session_error)) => {
+                    self.remove_later(key, owner);
+                    if let Some(e) = session_error {
+                        let _ = session.recover(&e).await;
+                    }
+                    Err(err)
+                }
             };
-            let marker = format!("lock-{owner}-");
-            let mut freed = false;
-            for name in children.iter().filter(|n| n.starts_with(&marker)) {
-                let node = format!("{parent}/{name}");
-                freed |= matches!(
-                    tokio::time::timeout(self.timeout, client.delete(&node, None)).await,
-                    Ok(Ok(()))
-                );
-            }
-            return Ok(if freed {
-                Released::Freed
-            } else {
-                Released::NotOwner
-            });
         };
-        let mut deleted = self
-            .within(Some(key), "release failed", client.delete(&node, None))
-            .await?;
-        if let Err(e @ (ZkError::SessionExpired | ZkError::ClientClosed)) = &deleted
-            && self.recover(e).await
+        let client = session.client();
+        let mut deleted = session
+            .within(Some(key), what, client.delete(&node, None))
+            .await;
+        if let Ok(Err(e @ (ZkError::SessionExpired | ZkError::ClientClosed))) = &deleted
+            && session.recover(e).await
         {
             // The session in place now may be the same one resumed, with the node still there.
-            let client = self.client();
-            deleted = self
-                .within(Some(key), "release failed", client.delete(&node, None))
-                .await?;
+            let client = session.client();
+            deleted = session
+                .within(Some(key), what, client.delete(&node, None))
+                .await;
         }
-        match deleted {
-            Ok(()) => {
+        let unanswered = match deleted {
+            Ok(Ok(())) => {
                 self.contenders().remove(owner);
-                Ok(Released::Freed)
+                return Ok(Released::Freed);
             }
-            // Gone already, or its session expired (ephemeral nodes go with it).
-            Err(ZkError::NoNode) => {
+            // Gone already (its session expired, or it was deleted from outside).
+            Ok(Err(ZkError::NoNode)) => {
                 self.contenders().remove(owner);
-                Ok(Released::NotOwner)
+                return Ok(Released::NotOwner);
             }
-            Err(ZkError::SessionExpired | ZkError::ClientClosed) => {
-                self.contenders().remove(owner);
-                Ok(Released::NotOwner)
-            }
-            Err(e) => Err(self.failed(Some(key), "release failed", e).await),
-        }
+            Ok(Err(e)) if answered(&e) => return Err(zk_error(Some(key), what, e)),
+            Ok(Err(e)) => zk_error(Some(key), what, e),
+            Err(e) => e,
+        };
+        // No answer: the node may still be there, on a session that lives on (or that a
+        // restarted server restored). Removed in the background until the server answers.
+        self.contenders().remove(owner);
+        self.remove_later(key, owner);
+        Err(unanswered)
     }
 
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
-        let client = self.client();
+        let client = self.session.client();
         let parent = self.parent(key);
         let listed = self
+            .session
             .within(
                 Some(key),
                 "force unlock failed",
@@ -459,7 +612,12 @@ impl Backend for ZooKeeperBackend {
         let children = match listed {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(false),
-            Err(e) => return Err(self.failed(Some(key), "force unlock failed", e).await),
+            Err(e) => {
+                return Err(self
+                    .session
+                    .failed(Some(key), "force unlock failed", e)
+                    .await);
+            }
         };
         let Some(first) = children
             .iter()
@@ -470,28 +628,30 @@ impl Backend for ZooKeeperBackend {
         };
         let node = format!("{parent}/{}", first.1);
         Ok(self
+            .session
             .bounded(Some(key), "force unlock failed", client.delete(&node, None))
             .await
             .is_ok())
     }
 
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
-        let client = self.client();
+        let client = self.session.client();
         let parent = self.parent(key);
         match self
+            .session
             .within(Some(key), "lookup failed", client.list_children(&parent))
             .await?
         {
             Ok(children) => Ok(children.iter().any(|c| sequence(c).is_some())),
             Err(ZkError::NoNode) => Ok(false),
-            Err(e) => Err(self.failed(Some(key), "lookup failed", e).await),
+            Err(e) => Err(self.session.failed(Some(key), "lookup failed", e).await),
         }
     }
 
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
         // The negotiated session timeout bounds the hold, whatever the lease: the runtime
         // counts on `lease - margin` = at most that after its last confirmed call.
-        Ok(lease.saturating_sub(self.negotiated()))
+        Ok(lease.saturating_sub(self.session.negotiated()))
     }
 
     fn renew_batch_limit(&self) -> usize {
