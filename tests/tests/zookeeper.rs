@@ -948,3 +948,40 @@ fn session_timeouts(zk: &ZooKeeperServer) -> Vec<(String, Duration)> {
         })
         .collect()
 }
+
+/// A holder counts on its node only while it is an ephemeral node of the session in place:
+/// here the node is replaced from outside by a persistent node at the same path (as a node
+/// of an old session the client replaced would be, still kept by the server), and the next
+/// renewal reports the lock lost instead of counting on a node nobody keeps alive for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_not_owned_by_the_session_in_place_is_a_lost_lock() {
+    let zk = ZooKeeperServer::start();
+    let rt = zk_runtime(&zk, Duration::from_secs(3)).await;
+    let key = "zk:foreign-owner";
+    let guard = rt.hold(key, Duration::from_secs(30)).await;
+    let node = queue_len(&zk, key, 1, Duration::from_secs(5))
+        .await
+        .remove(0);
+    let raw = zookeeper_client::Client::connector()
+        .connect(&zk.connect_string())
+        .await
+        .expect("raw client");
+    raw.delete(&node, None)
+        .await
+        .expect("delete the holder's node");
+    raw.create(
+        &node,
+        b"someone else",
+        &zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all()),
+    )
+    .await
+    .expect("create a persistent node at the same path");
+    let replaced = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
+    assert!(
+        lost.is_ok(),
+        "the holder still counts on a node its session does not own"
+    );
+    println!("lost {:?} after its node was replaced", replaced.elapsed());
+    raw.delete(&node, None).await.expect("clean up");
+}

@@ -13,7 +13,8 @@
 //! (or frozen) counts its lock lost no later than the server can expire it. The fencing token
 //! is the node's creation zxid (`czxid`), strictly increasing across holders.
 //!
-//! Renewal checks that the session is connected and the node still exists; a session that
+//! Renewal checks that the session is connected and the node still exists as an ephemeral node
+//! of the session in place (not one of a session the client replaced); a session that
 //! expired (or a node deleted from outside) is a loss. When the client gives up on its session
 //! (the server was unreachable for longer than the client waits, 1.4 × the session timeout),
 //! one task recovers for all: it first resumes that session, since a server that restarted
@@ -530,7 +531,10 @@ impl Backend for ZooKeeperBackend {
                 _ => match tokio::time::timeout(self.session.timeout, client.check_stat(&node))
                     .await
                 {
-                    Ok(Ok(Some(_))) => Some(true),
+                    // Ours only while it is an ephemeral node of the session in place: a node
+                    // of a session the client replaced (the server keeps it until it expires
+                    // that session) or one written from outside is not kept alive by us.
+                    Ok(Ok(Some(stat))) => Some(stat.ephemeral_owner == client.session_id().0),
                     Ok(Ok(None)) => Some(false),
                     Ok(Err(e)) => {
                         let _ = self.session.recover(&e).await;
