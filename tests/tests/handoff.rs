@@ -244,3 +244,47 @@ async fn lock_handed_to_a_waiter_cancelled_before_it_took_it_is_released() {
     );
     guard.release().await.expect("release");
 }
+
+/// A try without wait from another runtime, right after a release that reserved the key for
+/// other runtimes (a waiter of a second runtime flagged it and then gave up): the key is free
+/// to it at once. Without taking the reservation over in the first attempt, such a try failed
+/// for the whole reservation although nobody held the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_from_another_runtime_takes_a_key_reserved_after_a_flagged_release() {
+    let server = RedisServer::start();
+    let holder = Runtime::from_url(&server.url())
+        .await
+        .expect("holder runtime");
+    let waiter = Runtime::from_url(&server.url())
+        .await
+        .expect("waiter runtime");
+    let other = Runtime::from_url(&server.url())
+        .await
+        .expect("third runtime");
+    let key = "handoff:reserved";
+    let guard = holder.lock(key).held("holder").await;
+    // Flags the lock (another runtime waits), then gives up.
+    waiter
+        .lock(key)
+        .wait(Duration::from_millis(100))
+        .times_out("the key is held")
+        .await;
+    guard.release().await.expect("release");
+    let reserved = server.lock_owner(&lock_key(key)).await;
+    assert!(
+        reserved.as_deref().is_some_and(|v| v.starts_with('~')),
+        "the flagged release reserves the key for other runtimes: {reserved:?}"
+    );
+    let got = other
+        .lock(key)
+        .wait(Duration::ZERO)
+        .held("a try right after the release, from a runtime the key is reserved for")
+        .await;
+    assert!(got.fence().is_some());
+    got.release().await.expect("release");
+    // Its plain release frees the key for everybody, the first releaser included.
+    holder
+        .lock(key)
+        .cycled("a try after the third runtime released")
+        .await;
+}

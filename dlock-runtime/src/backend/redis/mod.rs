@@ -111,6 +111,14 @@ impl RedisBackend {
 impl RedisBackend {
     /// The waiting attempt: `lua/acquire.lua` (acquires, or flags the holder's lock so that its
     /// release notifies, and answers its TTL).
+    /// Whether the lock's value `held` is a reservation (`~<runtime id>`, `+` appended when
+    /// flagged again) made by another runtime's release: this runtime may take the key.
+    fn reserved_for_us(&self, held: &str) -> bool {
+        held.strip_prefix('~')
+            .map(|by| by.strip_suffix('+').unwrap_or(by))
+            .is_some_and(|by| by != self.origin)
+    }
+
     async fn acquire_script(
         &self,
         key: &str,
@@ -167,6 +175,11 @@ impl Backend for RedisBackend {
             .as_deref()
             .is_none_or(|h| h.strip_suffix('+').unwrap_or(h) == owner);
         if !ours {
+            // Reserved after a flagged release for the runtimes other than the releaser's
+            // (release.lua): free for this one, which takes it the way a waiter does.
+            if held.as_deref().is_some_and(|h| self.reserved_for_us(h)) {
+                return self.acquire_script(key, owner, lease).await;
+            }
             return Ok(Attempt::Busy { ttl: None });
         }
         let last = if fence < FENCE_FLOOR_MIN {
