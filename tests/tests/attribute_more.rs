@@ -215,17 +215,17 @@ async fn attribute_dropped_call_releases_key_within_1_s(b: Backend) {
 
 // ---- current_fence() ------------------------------------------------------------------------
 
-/// `current_fence()` first thing in the body, the key's fence counter in Redis (the holder's
-/// fence: nobody else tries the key), `current_fence()` again.
+/// `current_fence()` first thing in the body, the fence the key's counter in Redis says the
+/// latest acquisition got (the holder's: nobody else tries the key), `current_fence()` again.
 type FenceReadings = (Option<u64>, Option<u64>, Option<u64>);
 
-/// Returns `current_fence()` before and after an await inside the body, and the key's fence
-/// counter in Redis read in between.
+/// Returns `current_fence()` before and after an await inside the body, and the latest
+/// acquisition's fence by the key's counter in Redis, read in between.
 #[distributed_lock(key = "fence:{id}", lease = "30s")]
 async fn fence_seen_inside(id: u64, server: &RedisServer) -> Result<FenceReadings, AppError> {
     let first = current_fence();
     let stored = server
-        .fence_counter(&lock_key(&format!("fence:{id}")))
+        .latest_acquired_fence(&lock_key(&format!("fence:{id}")))
         .await;
     let after_await = current_fence();
     Ok((first, stored, after_await))
@@ -243,7 +243,7 @@ async fn attribute_current_fence_equals_fence_in_redis_and_is_none_after() {
             assert_eq!(
                 stored,
                 Some(fence),
-                "round {round}: GET dlock:{{fence:1}}:fence"
+                "round {round}: the fence of the block dlock:{{fence:1}}:fence ends"
             );
             assert_eq!(
                 after_await,

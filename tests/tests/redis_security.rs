@@ -365,7 +365,7 @@ async fn least_privilege_acl_user_works_on_a_cluster() {
 
 /// A user missing one permission of the documented ACL gets `LockError::Backend` whose message
 /// names the grant it lacks: a command (`+evalsha`; `+eval`, which loads a script the server
-/// does not have yet; `+incr`, which the first attempt runs; `+subscribe`), the key pattern,
+/// does not have yet; `+incrby`, which the first attempt runs; `+subscribe`), the key pattern,
 /// or the channel pattern. Subscribing is checked when the runtime connects, so waiters do not
 /// silently fall back to polling. Whatever was refused, the key is free within its lease (a
 /// first attempt refused after its `SET` landed is released by its compensation, or, for a
@@ -376,7 +376,7 @@ async fn acl_user_missing_a_permission_gets_a_backend_error_naming_it() {
     let cases: [(&str, &[&str], &str); 6] = [
         ("no-scripts", &["+evalsha", "+eval"], "`+evalsha`"),
         ("no-eval", &["+eval"], "`+eval`"),
-        ("no-incr", &["+incr"], "`+incr`"),
+        ("no-incrby", &["+incrby"], "`+incrby`"),
         ("no-keys", &["~dlock:*"], "`~dlock:*`"),
         ("no-subscribe", &["+subscribe"], "`+subscribe`"),
         ("no-channels", &["&dlock:*"], "`&dlock:*`"),

@@ -88,22 +88,22 @@ impl Nodes {
             .filter(|(i, _)| !self.killed[*i])
     }
 
-    /// Raw `EXISTS dlock:{key}` on every live node, as (node, exists).
-    async fn exists_on_live(&self, key: &str) -> Vec<(usize, bool)> {
+    /// Whether `key` is held on every live node, as (node, held): its lock key holds an owner
+    /// (missing, or only reserved after a flagged release, is free).
+    async fn held_on_live(&self, key: &str) -> Vec<(usize, bool)> {
         let mut out = Vec::new();
         for (i, server) in self.live() {
-            out.push((i, server.exists(&lock_key(key)).await));
+            out.push((i, !server.lock_is_free(&lock_key(key)).await));
         }
         out
     }
 
-    /// Panics unless the lock hash of `key` exists (`held`) or is absent (`!held`) on every
-    /// live node.
+    /// Panics unless `key` is held (`held`) or free (`!held`) on every live node.
     async fn assert_on_every_live_node(&self, key: &str, held: bool, when: &str) {
-        let seen = self.exists_on_live(key).await;
+        let seen = self.held_on_live(key).await;
         assert!(
-            seen.iter().all(|(_, exists)| *exists == held),
-            "{when}: expected EXISTS {} = {held} on every live node, got (node, exists) {seen:?}",
+            seen.iter().all(|(_, h)| *h == held),
+            "{when}: expected {} held = {held} on every live node, got (node, held) {seen:?}",
             lock_key(key)
         );
     }

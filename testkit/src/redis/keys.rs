@@ -81,13 +81,30 @@ impl RedisKeys {
         held.map(|h| h.strip_suffix('+').map(str::to_owned).unwrap_or(h))
     }
 
-    /// The fence counter of the lock `key` (`GET <key>:fence`): the fence of its current holder
-    /// when nobody else tried the key since that holder acquired (every attempt draws a value).
+    /// Whether nobody holds the lock `key`: the key is missing, or it is only the reservation
+    /// a flagged release leaves for a few milliseconds (`~<runtime id>`: free to every runtime
+    /// but the releaser's).
+    pub async fn lock_is_free(&self, key: &str) -> bool {
+        self.lock_owner(key)
+            .await
+            .is_none_or(|value| value.starts_with('~'))
+    }
+
+    /// The fence counter of the lock `key` (`GET <key>:fence`): the last token of the block
+    /// the latest attempt reserved (every attempt reserves one).
     pub async fn fence_counter(&self, key: &str) -> Option<u64> {
         let value: Option<String> = self
             .query(redis::cmd("GET").arg(format!("{key}:fence")))
             .await;
         value.and_then(|v| v.parse().ok())
+    }
+
+    /// The fence of the acquisition that reserved the counter's last block: the first token of
+    /// that block. The current holder's fence when it acquired in Redis and nobody else tried
+    /// the key since.
+    pub async fn latest_acquired_fence(&self, key: &str) -> Option<u64> {
+        let block = dlock_runtime::testing::scripts::FENCE_BLOCK;
+        Some(self.fence_counter(key).await? - (block - 1))
     }
 }
 

@@ -13,7 +13,7 @@ use super::script::Lua;
 const SEE: &str = "the lock user needs the permissions listed in the README, section Security";
 
 /// If `message` (a server error) is an ACL refusal: what is missing, as the grant that gives
-/// it (`+incr`, `~dlock:*`, `&dlock:*`). `script` is the script that was running, if any;
+/// it (`+incrby`, `~dlock:*`, `&dlock:*`). `script` is the script that was running, if any;
 /// `publish` the publish command of this engine (scripts take it as an argument).
 pub(super) fn denial(
     message: &str,
