@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::LockError;
-use crate::backend::Attempt;
+use crate::backend::{Attempt, Queued, Queueing};
 use crate::core::{Core, ReleaseOnDrop};
 use crate::handoff::Head;
 use crate::held::{Held, Terms};
@@ -54,12 +54,12 @@ async fn attempt(
 
 /// Runs one acquire request; if its answer never arrives (error, timeout, or the future is
 /// dropped), schedules an owner-checked release with the same token.
-async fn compensated(
+async fn compensated<T>(
     core: &Arc<Core>,
     key: &str,
     owner: &str,
-    request: impl Future<Output = Result<Attempt, LockError>>,
-) -> Result<Attempt, LockError> {
+    request: impl Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
     let compensate = ReleaseOnDrop::compensate(core, key, owner);
     let result = request.await;
     if result.is_ok() {
@@ -88,7 +88,12 @@ pub(crate) async fn acquire_fresh(
     // Engines with their own FIFO queue wait there (no local queue, no polling).
     let mut owner = owner;
     let queued = loop {
-        let Some(request) = core.backend.acquire_queued(&key, &owner, lease, deadline) else {
+        let ask = Queueing {
+            lease,
+            renew: terms.renew,
+            deadline,
+        };
+        let Some(request) = core.backend.acquire_queued(&key, &owner, ask) else {
             break None;
         };
         match compensated(core, &key, &owner, request).await {
@@ -103,18 +108,21 @@ pub(crate) async fn acquire_fresh(
             Err(err) => return Err(err),
         }
     };
-    if let Some(answer) = queued {
-        return match answer {
+    if let Some(Queued { attempt, confirmed }) = queued {
+        return match attempt {
             Attempt::Acquired { fence } => {
-                // The lease was granted when the request started and kept alive while queued:
+                // Counted from when the engine last confirmed the hold for a whole lease; else
+                // the hold was granted when the request started and kept alive while queued:
                 // count on it from the later of that start and a third of the part of the lease
                 // the engine lets us count on (ZooKeeper: its session timeout) ago.
                 // (The margin was checked when the lock was requested.)
-                let margin = core.backend.lease_margin(lease).unwrap_or_default();
-                let counted = lease.saturating_sub(margin);
-                let since = Instant::now()
-                    .checked_sub(counted / 3)
-                    .map_or(started, |t| t.max(started));
+                let since = confirmed.unwrap_or_else(|| {
+                    let margin = core.backend.lease_margin(lease).unwrap_or_default();
+                    let counted = lease.saturating_sub(margin);
+                    Instant::now()
+                        .checked_sub(counted / 3)
+                        .map_or(started, |t| t.max(started))
+                });
                 Ok(Held::new(core, key, owner, fence, terms, since))
             }
             Attempt::Busy { .. } => Err(timeout(key)),

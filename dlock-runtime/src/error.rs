@@ -84,6 +84,18 @@ impl LockError {
         })
     }
 
+    /// An engine error about no key in particular, attributed to `key`.
+    #[cfg(feature = "etcd")]
+    pub(crate) fn for_key(self, key: &str) -> Self {
+        match self {
+            Self::Backend(mut err) if err.key.is_none() => {
+                err.key = Some(key.to_owned());
+                Self::Backend(err)
+            }
+            other => other,
+        }
+    }
+
     pub(crate) fn config(message: impl Into<String>) -> Self {
         Self::InvalidConfig(message.into())
     }

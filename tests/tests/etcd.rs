@@ -1,14 +1,16 @@
 //! What is particular to the etcd backend, end to end against real `etcd` processes started by
 //! the harness: exclusion across OS processes, FIFO hand-off in arrival order, the key and lease
-//! layout (fence = create revision, every exit and every waiter that gives up removes its key
-//! and revokes its lease), a kill -9'd holder freed after about its lease, lease loss from
-//! outside (lease revoked, key deleted), the leases the watchdog is granted, a killed cluster
+//! layout (fence = create revision, every exit and every waiter that gives up removes its key,
+//! renewed locks share their runtime's lease, hard-capped ones have their own), a kill -9'd
+//! holder freed after about its lease, lease loss from outside (lease revoked, key deleted),
+//! the leases the watchdog is granted, the requests per acquisition, a killed cluster
 //! leader during a hold, the etcd 3.4 hazard of a queued waiter whose lease expired, and bad
 //! endpoints. The behaviours every engine shares are in the conformance suite
 //! (`tests/conformance/`).
 //!
-//! Layout under test: one key per contender, `dlock:<key>/<lease id in hex>`, attached to that
-//! contender's lease; the holder is the lowest create revision, which is also its fence.
+//! Layout under test: one key per contender, `dlock:<key>/<owner token>`, attached to the
+//! runtime's shared lease of the lock's TTL (a lease of its own under `watchdog(false)`); the
+//! holder is the lowest create revision, which is also its fence.
 //!
 //! etcd leases are whole seconds and this server (3.4, default 100 ms heartbeat and 1 s
 //! election timeout) raises anything shorter to 2 s, so lease bounds here are in seconds and
@@ -108,9 +110,9 @@ fn revoke_lease(etcd: &EtcdCluster, id: i64) {
     blocking(|| etcd.lease_revoke(id));
 }
 
-/// Waits until the contender key `held` is gone and its lease revoked (or expired); returns
-/// how long that took. Panics after `within`.
-async fn wait_until_released(
+/// Waits until the contender key `held` is gone; returns how long that took. Panics after
+/// `within`.
+async fn wait_until_key_gone(
     etcd: &EtcdCluster,
     key: &str,
     held: &EtcdKv,
@@ -120,20 +122,13 @@ async fn wait_until_released(
     let start = Instant::now();
     loop {
         let kvs = queue(etcd, key);
-        let key_gone = kvs.iter().all(|kv| kv.key != held.key);
-        if key_gone && !lease_alive(etcd, held.lease) {
+        if kvs.iter().all(|kv| kv.key != held.key) {
             return start.elapsed();
         }
         assert!(
             start.elapsed() < within,
-            "{what}: after {within:?} the holder's key is {} and its lease {} is {} (queue {:?})",
-            if key_gone { "gone" } else { "still there" },
-            held.lease,
-            if lease_alive(etcd, held.lease) {
-                "alive"
-            } else {
-                "gone"
-            },
+            "{what}: after {within:?} the key {} is still there (queue {:?})",
+            held.key,
             names(&kvs)
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -252,7 +247,7 @@ async fn waiters_get_the_lock_in_arrival_order() {
 // Layout: fences, and leases on every exit path
 // ---------------------------------------------------------------------------------------------
 
-/// How a holder leaves in [`holder_key_is_its_fence_and_every_exit_revokes_its_lease`].
+/// How a holder leaves in [`holder_key_is_its_fence_and_every_exit_deletes_it`].
 #[derive(Debug, Clone, Copy)]
 enum Exit {
     Release,
@@ -261,14 +256,14 @@ enum Exit {
     Abort,
 }
 
-/// One key per holder, `dlock:<key>/<lease id, 16 hex digits>`, attached to that lease and
-/// valued a 128-bit owner token; its create revision is the fence (the guard's, and
-/// `current_fence()` inside `with_lock`). Every exit removes the key and revokes the lease:
-/// `release()` before it returns; a dropped guard, a panic in `with_lock` and an aborted task
-/// within 2 s. (That every exit frees the key, and that fences strictly increase, is the
-/// conformance suite's.)
+/// One key per holder, `dlock:<key>/<owner token>` (128 bits in hex, also its value), attached
+/// to the runtime's shared lease; its create revision is the fence (the guard's, and
+/// `current_fence()` inside `with_lock`). Every exit removes the key: `release()` before it
+/// returns; a dropped guard, a panic in `with_lock` and an aborted task within 2 s. The shared
+/// lease stays (the runtime keeps it for its other locks). (That every exit frees the key, and
+/// that fences strictly increase, is the conformance suite's.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holder_key_is_its_fence_and_every_exit_revokes_its_lease() {
+async fn holder_key_is_its_fence_and_every_exit_deletes_it() {
     let etcd = EtcdServer::start();
     let rt = runtime(etcd.cluster()).await;
     let bound = Duration::from_secs(2);
@@ -302,8 +297,9 @@ async fn holder_key_is_its_fence_and_every_exit_revokes_its_lease() {
         });
         let fence = held_rx.await.expect("the holder holds").expect("a fence");
         let held = only_holder(etcd.cluster(), &key);
-        assert_eq!(held.key, format!("{PREFIX}{key}/{:016x}", held.lease));
         assert_eq!(held.value.len(), 32, "a 128-bit owner token in hex");
+        let owner = String::from_utf8(held.value.clone()).expect("a hex owner token");
+        assert_eq!(held.key, format!("{PREFIX}{key}/{owner}"));
         assert_eq!(
             fence as i64, held.create_revision,
             "{exit:?}: the fence is the holder key's create revision"
@@ -323,30 +319,115 @@ async fn holder_key_is_its_fence_and_every_exit_revokes_its_lease() {
             }
         }
         if let Exit::Release = exit {
-            // At once: `release()` has removed both when it returns.
+            // At once: `release()` has removed it when it returns.
             assert!(
                 queue(etcd.cluster(), &key).is_empty(),
                 "key left after release"
             );
-            assert!(
-                !lease_alive(etcd.cluster(), held.lease),
-                "lease left after release"
-            );
         }
         let took =
-            wait_until_released(etcd.cluster(), &key, &held, bound, &format!("{exit:?}")).await;
-        println!("{exit:?}: key and lease gone in {took:?}");
+            wait_until_key_gone(etcd.cluster(), &key, &held, bound, &format!("{exit:?}")).await;
+        println!("{exit:?}: key gone in {took:?}");
+        assert!(
+            lease_alive(etcd.cluster(), held.lease),
+            "{exit:?}: the runtime's shared lease stays"
+        );
     }
     assert_eq!(rt.held_count(), 0);
 }
 
-/// Waiters that give up leave the queue with their leases: one whose 500 ms wait runs out has
-/// removed its key and revoked its lease by the time `Timeout` returns; one whose acquire
-/// future is dropped and one whose task is aborted are gone, key and lease, within 2 s. The
+/// Renewed locks of one runtime share one lease per TTL, kept alive by the runtime: two keys
+/// with a 6 s lease are on one lease, a 3 s lease on another, another runtime on its own.
+/// A hard-capped lock (`watchdog(false)`) has a lease of its own, which its release revokes
+/// (within 2 s). Once the runtime is dropped, its shared leases expire within their TTL (no
+/// keep-alive any more): a dead process holds nothing longer than its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewed_locks_share_the_runtimes_lease_and_hard_capped_ones_have_their_own() {
+    let etcd = EtcdServer::start();
+    let rt = runtime(etcd.cluster()).await;
+    let other = runtime(etcd.cluster()).await;
+    let six = Duration::from_secs(6);
+    let a = rt.lock("etcd:share:a").lease(six).held("a").await;
+    let b = rt.lock("etcd:share:b").lease(six).held("b").await;
+    let c = rt
+        .lock("etcd:share:c")
+        .lease(Duration::from_secs(3))
+        .held("c")
+        .await;
+    let d = other.lock("etcd:share:d").lease(six).held("d").await;
+    let capped = rt
+        .lock("etcd:share:capped")
+        .lease(six)
+        .watchdog(false)
+        .held("capped")
+        .await;
+    let lease_of = |key: &str| only_holder(etcd.cluster(), key).lease;
+    let (la, lb, lc, ld, lcap) = (
+        lease_of("etcd:share:a"),
+        lease_of("etcd:share:b"),
+        lease_of("etcd:share:c"),
+        lease_of("etcd:share:d"),
+        lease_of("etcd:share:capped"),
+    );
+    assert_eq!(
+        la, lb,
+        "two renewed locks of one TTL share the runtime's lease"
+    );
+    assert_ne!(la, lc, "another TTL, another lease");
+    assert_ne!(la, ld, "another runtime, another lease");
+    assert!(
+        lcap != la && lcap != lc,
+        "a hard-capped lock has a lease of its own"
+    );
+    assert_eq!(granted_ttl(etcd.cluster(), la), Some(6));
+    capped.release().await.expect("release");
+    let start = Instant::now();
+    while lease_alive(etcd.cluster(), lcap) {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the hard-capped lock's own lease must be revoked after its release"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for guard in [a, b, c, d] {
+        guard.release().await.expect("release");
+    }
+    assert!(
+        lease_alive(etcd.cluster(), la) && lease_alive(etcd.cluster(), lc),
+        "the runtime keeps its shared leases for its next locks"
+    );
+    // Kept alive across more than a TTL with no lock held.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        lease_alive(etcd.cluster(), lc),
+        "the 3 s lease is kept alive"
+    );
+    drop(rt);
+    let dropped = Instant::now();
+    while lease_alive(etcd.cluster(), la) || lease_alive(etcd.cluster(), lc) {
+        assert!(
+            dropped.elapsed() < Duration::from_secs(6 + 3),
+            "a dropped runtime's shared leases must expire within their TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "shared leases gone {:?} after the runtime was dropped",
+        dropped.elapsed()
+    );
+    assert!(
+        lease_alive(etcd.cluster(), ld),
+        "the other runtime's lease stays"
+    );
+}
+
+/// Waiters that give up leave the queue: one whose 500 ms wait runs out has removed its key by
+/// the time `Timeout` returns; one whose acquire future is dropped and one whose task is
+/// aborted have removed theirs within 2 s. The
 /// holder and the waiter queued behind them remain, and that waiter's fence is its key's
 /// create revision. (Timeout bounds and the hand-off latency: the conformance suite.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_that_give_up_leave_the_queue_and_revoke_their_leases() {
+async fn waiters_that_give_up_leave_the_queue() {
     let etcd = EtcdServer::start();
     let key = "etcd:give-up";
     let holder_rt = runtime(etcd.cluster()).await;
@@ -376,11 +457,6 @@ async fn waiters_that_give_up_leave_the_queue_and_revoke_their_leases() {
         [&holder_kv.key],
         "only the holder's key may remain after the waiter timed out: {:?}",
         names(&after)
-    );
-    assert!(
-        !lease_alive(etcd.cluster(), t_kv.lease),
-        "the timed-out waiter's lease {} must be revoked",
-        t_kv.lease
     );
 
     // B: its acquire future is dropped by the timeout around it, while it waits.
@@ -416,12 +492,12 @@ async fn waiters_that_give_up_leave_the_queue_and_revoke_their_leases() {
         "B's acquire must still be waiting when the timeout around it drops it"
     );
     let bound = Duration::from_secs(2);
-    let took = wait_until_released(etcd.cluster(), key, &b_kv, bound, "waiter dropped").await;
-    println!("dropped waiter B: key and lease gone {took:?} after the drop");
+    let took = wait_until_key_gone(etcd.cluster(), key, &b_kv, bound, "waiter dropped").await;
+    println!("dropped waiter B: key gone {took:?} after the drop");
     aborted.abort();
     assert!(aborted.await.expect_err("aborted").is_cancelled());
-    let took = wait_until_released(etcd.cluster(), key, &b2_kv, bound, "waiter aborted").await;
-    println!("aborted waiter B2: key and lease gone {took:?} after the abort");
+    let took = wait_until_key_gone(etcd.cluster(), key, &b2_kv, bound, "waiter aborted").await;
+    println!("aborted waiter B2: key gone {took:?} after the abort");
     let left = queue(etcd.cluster(), key);
     assert_eq!(
         left.iter().map(|kv| &kv.key).collect::<Vec<_>>(),
@@ -494,8 +570,8 @@ enum Fault {
 
 /// The holder's lease revoked, or only its key deleted, from outside (6 s lease): `lost()`
 /// resolves within 3.5 s (a renewal saw it, not the clock), the release says `Lost`, the lease
-/// is gone afterwards (the release of the lost guard revokes one that was still alive), and
-/// another runtime takes the key. (A deleted lock record on every engine: conformance
+/// is gone afterwards, and another runtime takes the key (the first runtime's next lock of
+/// that TTL, after the revocation, is granted a new shared lease). (A deleted lock record on every engine: conformance
 /// `deleted_key_is_lost`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_revoked_or_key_deleted_from_outside_resolves_lost() {
@@ -535,8 +611,8 @@ async fn lease_revoked_or_key_deleted_from_outside_resolves_lost() {
         let err = guard.release().await.expect_err("release of a lost lock");
         assert!(err.is_lost(), "{fault:?}: {err:?}");
         assert!(
-            !lease_alive(etcd.cluster(), held.lease),
-            "{fault:?}: no lease left after the release of the lost guard"
+            queue(etcd.cluster(), &key).is_empty(),
+            "{fault:?}: no key left after the release of the lost guard"
         );
         dlock_tests::assert_free(&other, &key, "after the loss").await;
     }
@@ -563,8 +639,8 @@ async fn release_after_the_key_was_deleted_from_outside_is_lost() {
         "expected Err(Lost): the key was gone and another holder had the lock, got {result:?}"
     );
     assert!(
-        !lease_alive(etcd.cluster(), held.lease),
-        "the release still revokes the lease"
+        lease_alive(etcd.cluster(), held.lease),
+        "the release leaves the runtime's shared lease alone"
     );
     assert_eq!(
         only_holder(etcd.cluster(), key).create_revision,
@@ -611,8 +687,8 @@ async fn with_lock_body_is_cancelled_with_lost_when_the_lease_is_revoked() {
 
 /// What etcd makes of the watchdog's leases: a 2 s lease is granted as 2 s, a 1 s lease as 1
 /// or 2 s (whole seconds, raised to the server's minimum); over 6 s of renewals the holder keeps
-/// the same key, create revision and lease, whose TTL never runs out, and the release revokes
-/// it. (Exclusion throughout a short lease: conformance `watchdog_keeps_a_short_lease_alive`.)
+/// the same key, create revision and lease, whose TTL never runs out, and the release removes
+/// the key. (Exclusion throughout a short lease: conformance `watchdog_keeps_a_short_lease_alive`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_renews_the_granted_lease_and_keeps_the_same_key() {
     let etcd = EtcdServer::start();
@@ -659,7 +735,10 @@ async fn watchdog_renews_the_granted_lease_and_keeps_the_same_key() {
         .release()
         .await
         .expect("release after 6 s on a 2 s lease");
-    assert!(!lease_alive(etcd.cluster(), held.lease));
+    assert!(
+        queue(etcd.cluster(), key).is_empty(),
+        "the release removes the key"
+    );
     assert!(!short.is_lost(), "the 1 s lease was lost within 6 s");
     short.release().await.expect("release of the 1 s lease");
 }
@@ -957,7 +1036,7 @@ async fn waiter_frozen_until_its_lease_expired_never_gets_the_lock_beside_the_ho
     blocking(|| signal("-STOP"));
     let stopped = Instant::now();
     // Its lease (1 s, raised by the server to its minimum) runs out while it is frozen.
-    let took = wait_until_released(
+    let took = wait_until_key_gone(
         etcd.cluster(),
         key,
         &p_kv,
@@ -1116,6 +1195,11 @@ async fn unreachable_endpoints_are_backend_errors_within_the_timeout() {
 /// Range requests the member at `endpoint` (`http://127.0.0.1:<port>`) has served so far,
 /// from its `/metrics` (`grpc_server_handled_total` of `Range`).
 fn ranges_served(endpoint: &str) -> u64 {
+    calls(endpoint, "grpc_server_handled_total", &["Range"])
+}
+
+/// The server's count `metric` (from `/metrics`) summed over the gRPC methods `methods`.
+fn calls(endpoint: &str, metric: &str, methods: &[&str]) -> u64 {
     use std::io::{Read, Write};
     let address = endpoint.trim_start_matches("http://");
     let mut stream = std::net::TcpStream::connect(address).expect("connect to /metrics");
@@ -1131,11 +1215,48 @@ fn ranges_served(endpoint: &str) -> u64 {
     stream.read_to_string(&mut body).expect("read /metrics");
     body.lines()
         .filter(|l| {
-            l.starts_with("grpc_server_handled_total{") && l.contains("grpc_method=\"Range\"")
+            l.starts_with(&format!("{metric}{{"))
+                && methods
+                    .iter()
+                    .any(|m| l.contains(&format!("grpc_method=\"{m}\"")))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|n| n as u64)
         .sum()
+}
+
+/// An uncontended acquisition is one transaction (put the key, read the head of the queue)
+/// and a release one delete: two requests per pair, no lease grant or revoke (the runtime's
+/// shared lease is granted once), no separate lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_acquire_and_release_are_one_request_each() {
+    const PAIRS: u64 = 20;
+    let etcd = EtcdServer::start();
+    let rt = runtime(&etcd).await;
+    let key = "etcd:requests";
+    // The first lock of a TTL grants the shared lease.
+    rt.lock(key).cycled("warm-up").await;
+    let endpoint = etcd.endpoint();
+    let methods = [
+        "Range",
+        "Put",
+        "DeleteRange",
+        "Txn",
+        "LeaseGrant",
+        "LeaseRevoke",
+        "LeaseTimeToLive",
+    ];
+    let before = blocking(|| calls(&endpoint, "grpc_server_started_total", &methods));
+    for _ in 0..PAIRS {
+        rt.lock(key).cycled("acquire and release").await;
+    }
+    let used = blocking(|| calls(&endpoint, "grpc_server_started_total", &methods)) - before;
+    println!("{PAIRS} uncontended pairs: {used} requests");
+    assert_eq!(
+        used,
+        2 * PAIRS,
+        "an uncontended acquire + release must be two requests (a transaction and a delete)"
+    );
 }
 
 /// The waiter right behind the holder takes the lock on the deletion event and one
@@ -1163,10 +1284,10 @@ async fn waiter_behind_the_holder_acquires_on_the_deletion_event() {
         counts.push(ranges);
         guard.release().await.expect("release by the waiter");
     }
-    // The holder's release reads its own key; the next holder's confirmation reads its own.
-    // Looking the queue up again would be a third.
+    // The holder's release is a delete; the next holder's confirmation reads its own key.
+    // Looking the queue up again would be a second read.
     assert!(
-        counts.iter().all(|&n| n <= 2),
+        counts.iter().all(|&n| n <= 1),
         "a hand-off looked the queue up again: {counts:?} range reads"
     );
 }

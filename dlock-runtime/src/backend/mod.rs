@@ -46,6 +46,46 @@ pub(crate) enum Attempt {
     Busy { ttl: Option<Duration> },
 }
 
+/// What a queued acquisition ([`Backend::acquire_queued`]) asks for, besides key and owner.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(
+    not(feature = "etcd"),
+    allow(dead_code, reason = "read by the engines with a queue of their own")
+)]
+pub(crate) struct Queueing {
+    /// The lock's lease.
+    pub(crate) lease: Duration,
+    /// Whether the watchdog renews the lease while held (else the lease is a hard cap).
+    pub(crate) renew: bool,
+    /// Until when to wait in the queue.
+    pub(crate) deadline: tokio::time::Instant,
+}
+
+/// The answer of a queued acquisition.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub(crate) attempt: Attempt,
+    /// When the engine's hold was last confirmed for a whole lease (sent): the lock counts as
+    /// valid until then plus the counted part of the lease. `None`: the engine kept the hold
+    /// alive every third of the lease since the request started, so the runtime counts from
+    /// the later of that start and a third of the lease ago.
+    pub(crate) confirmed: Option<tokio::time::Instant>,
+}
+
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "zookeeper")),
+    allow(dead_code, reason = "made by the engines with a queue of their own")
+)]
+impl Queued {
+    /// An answer counted by the runtime's rule (see [`Queued::confirmed`]).
+    pub(crate) fn kept_alive(attempt: Attempt) -> Self {
+        Self {
+            attempt,
+            confirmed: None,
+        }
+    }
+}
+
 /// One lock to renew in a batch.
 #[derive(Debug, Clone)]
 pub(crate) struct Renewal {
@@ -257,9 +297,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &self,
         key: &str,
         _owner: &str,
-        _lease: Duration,
-        _deadline: tokio::time::Instant,
-    ) -> impl Future<Output = Result<Attempt, LockError>> + Send {
+        _ask: Queueing,
+    ) -> impl Future<Output = Result<Queued, LockError>> + Send {
         let err = LockError::backend(Some(key), "this engine has no queue", None);
         async move { Err(err) }
     }
@@ -322,9 +361,8 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         &'a self,
         key: &'a str,
         owner: &'a str,
-        lease: Duration,
-        deadline: tokio::time::Instant,
-    ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>>;
+        ask: Queueing,
+    ) -> Option<BoxFuture<'a, Result<Queued, LockError>>>;
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError>;
     fn fence_block(&self) -> u64;
     fn renew_partition(&self, key: &str) -> u16;
@@ -385,15 +423,12 @@ impl<B: Backend> DynBackend for B {
         &'a self,
         key: &'a str,
         owner: &'a str,
-        lease: Duration,
-        deadline: tokio::time::Instant,
-    ) -> Option<BoxFuture<'a, Result<Attempt, LockError>>> {
+        ask: Queueing,
+    ) -> Option<BoxFuture<'a, Result<Queued, LockError>>> {
         if !self.has_queue() {
             return None;
         }
-        Some(Box::pin(Backend::acquire_queued(
-            self, key, owner, lease, deadline,
-        )))
+        Some(Box::pin(Backend::acquire_queued(self, key, owner, ask)))
     }
 
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {

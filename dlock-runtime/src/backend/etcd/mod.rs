@@ -3,42 +3,52 @@
 //!
 //! The recipe of etcd's own concurrency package, implemented here on plain KV operations (not
 //! the Lock RPC, so that a cancelled or timed-out waiter removes its own place in the queue):
-//! - every contender grants a **lease** (TTL = the lock's lease rounded up to whole seconds;
-//!   the server may raise it to its minimum) and keeps it alive from that moment, also while
-//!   queued, so it cannot expire in the queue;
-//! - it writes its key `<prefix><key>/<lease id>` attached to the lease; the holder is the
-//!   lowest **create revision** under the prefix (FIFO), which is also the fencing token
-//!   (strictly increasing cluster-wide);
-//! - a waiter watches only its predecessor's key (no herd) and looks again when it is deleted;
-//! - after it is first in line, it checks that its key still exists and its lease is still
-//!   alive before reporting the lock acquired (etcd 3.4 was seen granting a queued waiter whose
-//!   lease had expired);
-//! - release revokes the lease, which deletes the key atomically; a deadline or a cancellation
-//!   does the same (the runtime's compensating release);
-//! - an uncontended acquisition is three calls (lease grant, put, predecessor lookup): the lease
-//!   keep-alive and the confirmation reads start only when the contender has to wait.
+//! - a contender's key `<prefix><key>/<owner token>` is attached to a **lease**: for a renewed
+//!   lock the runtime's **shared lease** of that TTL (the lock's lease rounded up to whole
+//!   seconds; the server may raise it to its minimum), kept alive by the runtime every quarter
+//!   of its TTL (`lease.rs`), as etcd's sessions do; for a hard-capped lock
+//!   (`watchdog(false)`) a lease of its own, kept alive only while it waits, so that the server
+//!   ends it at the lease whatever the runtime does;
+//! - joining is one transaction: put the key unless it exists (a retried request of the same
+//!   owner) and read the head of the queue; the holder is the lowest **create revision** under
+//!   the prefix (FIFO), which is also the fencing token (strictly increasing cluster-wide), so
+//!   an uncontended acquisition is this one request;
+//! - a waiter watches only its predecessor's key (no herd); when the predecessor headed the
+//!   queue, its deletion makes the waiter first without a second lookup;
+//! - after waiting, it checks that its key still exists and renews its lease before reporting
+//!   the lock acquired (etcd 3.4 was seen granting a queued waiter whose lease had expired);
+//! - release deletes the key (one request: a delete that finds nothing means the lock was
+//!   lost); a deadline or a cancellation does the same (the runtime's compensating release).
 //!
-//! Renewal is one keep-alive per lease plus a check that the key still exists: a lease revoked
-//! or expired, or a key deleted from outside, is a loss.
+//! Renewal is one keep-alive per lease in the batch plus one read of every key of the batch,
+//! both at once: a lease expired or revoked, or a key deleted from outside, is a loss. A lock
+//! counts as valid from its lease's last confirmed keep-alive, not from its acquisition.
 
 pub(crate) mod config;
+mod lease;
 mod queue;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, SortOrder, SortTarget};
+use etcd_client::{
+    Client, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
+};
 use tokio::time::Instant;
 
-use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
+use self::lease::{SharedLease, SharedLeases};
+use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
 use crate::LockError;
 
-/// One contender: its lease, its key, and its create revision once written.
+/// One contender: its lease and its key.
 #[derive(Debug, Clone)]
 struct Contender {
     lease: i64,
     key: String,
+    /// The runtime's shared lease it is attached to; `None`: a lease of its own (hard cap).
+    shared: Option<Arc<SharedLease>>,
 }
 
 pub(crate) struct EtcdBackend {
@@ -47,6 +57,10 @@ pub(crate) struct EtcdBackend {
     timeout: Duration,
     /// Owner token -> its contender (the runtime chooses owners before any request).
     contenders: Arc<Mutex<HashMap<String, Contender>>>,
+    /// The leases renewed locks share, by TTL.
+    leases: SharedLeases,
+    /// Held while the backend lives: background deletes stop once it is gone.
+    alive: Arc<()>,
 }
 
 fn etcd_error(key: Option<&str>, what: &str, err: etcd_client::Error) -> LockError {
@@ -106,6 +120,8 @@ impl EtcdBackend {
             prefix,
             timeout,
             contenders: Arc::default(),
+            leases: SharedLeases::default(),
+            alive: Arc::new(()),
         };
         // Prove the cluster answers (the client connects lazily).
         backend
@@ -142,25 +158,73 @@ impl EtcdBackend {
         format!("{}{key}/", self.prefix)
     }
 
-    /// The contender key of `owner` in `key`'s queue, looked up in the engine.
-    async fn find_contender(&self, key: &str, owner: &str) -> Result<Option<Contender>, LockError> {
-        let queue = self
-            .read_queue(
-                key,
-                "release lookup failed",
-                GetOptions::new().with_prefix(),
-            )
-            .await?;
-        Ok(queue
-            .kvs()
-            .iter()
-            .find(|kv| kv.value() == owner.as_bytes())
-            .and_then(|kv| {
-                Some(Contender {
-                    lease: kv.lease(),
-                    key: kv.key_str().ok()?.to_owned(),
-                })
-            }))
+    /// The key of `owner` in `key`'s queue.
+    fn contender_key(&self, key: &str, owner: &str) -> String {
+        format!("{}{owner}", self.queue_prefix(key))
+    }
+
+    /// Deletes `contender_key` in the background, again and again until the server answers
+    /// (while this backend lives): a key on the runtime's shared lease does not expire while
+    /// the runtime lives, so a release that got no answer (the server down or unreachable)
+    /// must not be given up. Deleting a key named by its owner token removes nothing of
+    /// anybody else's.
+    fn remove_later(&self, contender_key: String) {
+        let alive = Arc::downgrade(&self.alive);
+        let (client, timeout) = (self.client.clone(), self.timeout);
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            loop {
+                tokio::time::sleep(pause).await;
+                if alive.upgrade().is_none() {
+                    return;
+                }
+                let mut c = client.clone();
+                let ours = contender_key.as_str();
+                if let Ok(Ok(_)) = tokio::time::timeout(timeout, c.delete(ours, None)).await {
+                    tracing::debug!(key = %contender_key, "a release that got no answer is done");
+                    return;
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        });
+    }
+
+    /// The tombstone of `owner`: written by a release that found no key of `owner`'s, so
+    /// that its acquire request, should it land later, writes nothing (the joining
+    /// transaction requires it absent). `<prefix>/<owner>` is under no queue: a queue is
+    /// `<prefix><key>/` with a non-empty key, and the owner token has no `/`.
+    fn tombstone_key(&self, owner: &str) -> String {
+        format!("{}/{owner}", self.prefix)
+    }
+
+    /// After a release found no key of `owner`'s: writes its tombstone (on a lease of its own
+    /// that outlives any request of that owner still on its way) and deletes its key again,
+    /// in one transaction. An acquire request that reaches the server after its compensating
+    /// release (a reordered or late request) then leaves no key behind, instead of holding the
+    /// key on the runtime's shared lease.
+    async fn bury(&self, key: &str, owner: &str, contender_key: &str) -> Result<(), LockError> {
+        let ttl = ttl_seconds((self.timeout * 4).max(Duration::from_secs(5)));
+        let lease = self
+            .bounded(Some(key), "release failed", |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
+            .await?
+            .id();
+        let tombstone = self.tombstone_key(owner);
+        let txn = Txn::new().and_then([
+            TxnOp::put(
+                tombstone.as_str(),
+                "released",
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::delete(contender_key, None),
+        ]);
+        self.bounded(Some(key), "release failed", |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+        Ok(())
     }
 
     /// Runs `op` on a client, bounded by the timeout. A request refused at connect never
@@ -204,106 +268,128 @@ impl Backend for EtcdBackend {
     }
 
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
-        // One attempt: queue and leave at once unless first in line.
-        self.queue(key, owner, lease, Instant::now()).await
+        // One attempt: queue and leave at once unless first in line. A lease of its own,
+        // granted after the request started, so that the runtime may count from that start.
+        let ask = Queueing {
+            lease,
+            renew: false,
+            deadline: Instant::now(),
+        };
+        Ok(self.queue(key, owner, ask).await?.attempt)
     }
 
     async fn acquire_queued(
         &self,
         key: &str,
         owner: &str,
-        lease: Duration,
-        deadline: Instant,
-    ) -> Result<Attempt, LockError> {
-        self.queue(key, owner, lease, deadline).await
+        ask: Queueing,
+    ) -> Result<Queued, LockError> {
+        self.queue(key, owner, ask).await
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
-        let mut out = Vec::with_capacity(batch.len());
-        for item in batch {
-            let Some(contender) = self.contenders().get(&item.owner).cloned() else {
-                out.push(Some(false));
-                continue;
-            };
-            let mut client = self.client.clone();
-            let renewed = async {
-                // The key first: deleted from outside is a loss even if the lease lives.
-                let exists = client
-                    .get(
-                        contender.key.as_str(),
-                        Some(GetOptions::new().with_count_only()),
-                    )
-                    .await?
-                    .count()
-                    > 0;
-                if !exists {
-                    return Ok(false);
-                }
-                let ttl = match client.lease_keep_alive(contender.lease).await {
-                    Ok((mut keeper, mut stream)) => {
-                        keeper.keep_alive().await?;
-                        stream.message().await?.map_or(0, |r| r.ttl())
-                    }
-                    // The client reports a lease that is gone (revoked, expired) this way.
-                    Err(etcd_client::Error::LeaseKeepAliveError(_)) => 0,
-                    Err(e) => return Err(e),
-                };
-                Ok::<bool, etcd_client::Error>(ttl > 0)
-            };
-            out.push(match tokio::time::timeout(self.timeout, renewed).await {
-                Ok(Ok(alive)) => Some(alive),
-                _ => None,
-            });
+        let contenders: Vec<Option<Contender>> = {
+            let known = self.contenders();
+            batch.iter().map(|i| known.get(&i.owner).cloned()).collect()
+        };
+        // Every key of the batch read at once (a key deleted from outside is a loss even if
+        // its lease lives), and one keep-alive per lease, concurrently: one round trip.
+        let reads: Vec<TxnOp> = contenders
+            .iter()
+            .flatten()
+            .map(|c| TxnOp::get(c.key.as_str(), Some(GetOptions::new().with_count_only())))
+            .collect();
+        let mut leases: Vec<(i64, Option<Arc<SharedLease>>)> = Vec::new();
+        for c in contenders.iter().flatten() {
+            if !leases.iter().any(|(id, _)| *id == c.lease) {
+                leases.push((c.lease, c.shared.clone()));
+            }
         }
+        let read_keys = self.bounded(None, "renewal failed", |mut c| {
+            let txn = Txn::new().and_then(reads.clone());
+            async move { c.txn(txn).await }
+        });
+        let keep_leases = async {
+            let mut alive = HashMap::new();
+            for (id, shared) in &leases {
+                let outcome = match shared {
+                    Some(shared) => shared.refresh(&self.client, self.timeout).await,
+                    None => lease::keep_alive(&self.client, *id, self.timeout).await,
+                };
+                alive.insert(*id, outcome.ok());
+            }
+            alive
+        };
+        let (read, alive) = tokio::join!(read_keys, keep_leases);
+        let counts: Option<Vec<i64>> = read.ok().map(|r| {
+            r.op_responses()
+                .into_iter()
+                .map(|op| match op {
+                    TxnOpResponse::Get(get) => get.count(),
+                    _ => 0,
+                })
+                .collect()
+        });
+        let mut at = 0;
+        let out = contenders
+            .iter()
+            .map(|c| {
+                // Not known: released or left meanwhile.
+                let Some(c) = c else { return Some(false) };
+                let exists = counts
+                    .as_ref()
+                    .map(|counts| counts.get(at).is_some_and(|&n| n > 0));
+                at += 1;
+                match (exists, alive.get(&c.lease).copied().flatten()) {
+                    (Some(false), _) | (_, Some(false)) => Some(false),
+                    (Some(true), Some(true)) => Some(true),
+                    // Not determined (no answer): retried by the watchdog.
+                    _ => None,
+                }
+            })
+            .collect::<Vec<_>>();
         Ok(out)
     }
 
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
-        let known = self.contenders().get(owner).cloned();
-        let contender = match known {
-            Some(contender) => contender,
-            // Not queued through this connection (a release from a new connection once the
-            // runtime's own is gone): the engine knows the owner by its key's value.
-            None => match self.find_contender(key, owner).await? {
-                Some(contender) => contender,
-                None => return Ok(Released::NotOwner),
-            },
+        // Not queued through this connection (a release from a new connection once the
+        // runtime's own is gone): the key is known by the owner token all the same.
+        let contender = self.contenders().get(owner).cloned();
+        let contender_key = match &contender {
+            Some(c) => c.key.clone(),
+            None => self.contender_key(key, owner),
         };
-        // Still ours? A key deleted from outside (and maybe taken by another contender)
-        // means the lease was lost, whatever the revoke below finds.
-        let contender_key = contender.key.as_str();
-        let present = self
+        let ours = contender_key.as_str();
+        let deleted = match self
             .bounded(Some(key), "release failed", |mut c| async move {
-                c.get(contender_key, Some(GetOptions::new().with_count_only()))
-                    .await
+                c.delete(ours, None).await
             })
-            .await?
-            .count()
-            > 0;
-        // Revoking the lease deletes its key atomically (one Raft write).
-        match self.revoke(contender.lease).await {
-            Ok(Ok(_)) => {
-                self.contenders().remove(owner);
-                Ok(if present {
-                    Released::Freed
-                } else {
-                    Released::NotOwner
-                })
+            .await
+        {
+            Ok(answer) => answer.deleted(),
+            Err(err) => {
+                self.remove_later(contender_key);
+                return Err(err);
             }
-            // The lease is gone already (expired or revoked from outside): not ours.
-            Ok(Err(etcd_client::Error::GRpcStatus(status)))
-                if status.message().contains("lease not found") =>
-            {
-                self.contenders().remove(owner);
-                Ok(Released::NotOwner)
-            }
-            Ok(Err(e)) => Err(etcd_error(Some(key), "release failed", e)),
-            Err(_) => Err(LockError::backend(
-                Some(key),
-                format!("release failed: no reply within {:?}", self.timeout),
-                None,
-            )),
+        };
+        if let Some(contender) = self.contenders().remove(owner)
+            && contender.shared.is_none()
+        {
+            // A lease of its own: no longer needed (it would expire at its TTL anyway).
+            let backend_client = self.client.clone();
+            let timeout = self.timeout;
+            tokio::spawn(async move {
+                let mut c = backend_client;
+                let _ = tokio::time::timeout(timeout, c.lease_revoke(contender.lease)).await;
+            });
         }
+        if deleted > 0 {
+            return Ok(Released::Freed);
+        }
+        // Nothing deleted: the key had gone (lease expired or revoked, deleted from outside),
+        // or the acquire request this release compensates has not landed (yet).
+        self.bury(key, owner, &contender_key).await?;
+        Ok(Released::NotOwner)
     }
 
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {

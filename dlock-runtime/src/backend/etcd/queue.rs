@@ -1,14 +1,20 @@
-//! The FIFO queue of one key in etcd: join (lease + key), wait for the predecessor's key to go,
-//! confirm that the key and lease are still there, leave (revoke).
+//! The FIFO queue of one key in etcd: join (one transaction), wait for the predecessor's key to
+//! go, confirm that the key and lease are still there, leave (delete).
 
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, PutOptions, SortOrder, SortTarget, WatchOptions};
+use std::sync::Arc;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
+};
 use tokio::time::Instant;
 
+use super::lease::{self, SharedLease};
 use super::{CONNECT_RETRIES, Contender, EtcdBackend, is_connect_error, ttl_seconds};
 use crate::LockError;
-use crate::backend::Attempt;
+use crate::backend::{Attempt, Queued, Queueing};
 
 impl EtcdBackend {
     /// Keeps `lease` alive every third of its TTL until the returned guard is dropped.
@@ -35,45 +41,160 @@ impl EtcdBackend {
         })
     }
 
-    /// Waits in the queue of `key` until first in line (`Acquired`) or `deadline` (`Busy`).
+    /// The lease a new contender's key is attached to: the runtime's shared lease for a
+    /// renewed lock, a lease of its own for a hard-capped one (granted now: `confirmed` is the
+    /// grant's send time).
+    async fn contender_lease(
+        &self,
+        key: &str,
+        ask: Queueing,
+    ) -> Result<(i64, Option<Arc<SharedLease>>, Option<Instant>), LockError> {
+        let ttl = ttl_seconds(ask.lease);
+        if ask.renew {
+            let shared = self.leases.get(&self.client, ttl, self.timeout).await;
+            let shared = shared.map_err(|e| e.for_key(key))?;
+            return Ok((shared.id, Some(shared), None));
+        }
+        let sent_at = Instant::now();
+        let granted = self
+            .bounded(Some(key), "lease grant failed", |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
+            .await?;
+        Ok((granted.id(), None, Some(sent_at)))
+    }
+
+    /// Joins the queue of `key` in one transaction: puts the contender's key unless it exists
+    /// (a retried request of the same owner) or the owner's tombstone does (a release already
+    /// undid this request: see [`EtcdBackend::bury`]), and reads the head of the queue.
+    /// Returns the contender's create revision (0: no key, buried) and whether it heads the
+    /// queue.
+    async fn join(
+        &self,
+        key: &str,
+        contender_key: &str,
+        owner: &str,
+        lease: i64,
+    ) -> Result<(i64, bool), etcd_client::Error> {
+        let head = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let prefix = self.queue_prefix(key);
+        let tombstone = self.tombstone_key(owner);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(contender_key, CompareOp::Equal, 0),
+                Compare::create_revision(tombstone.as_str(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(
+                    contender_key,
+                    owner,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(prefix.as_str(), Some(head.clone())),
+            ])
+            .or_else([
+                TxnOp::get(contender_key, None),
+                TxnOp::get(prefix.as_str(), Some(head)),
+            ]);
+        let mut client = self.client.clone();
+        let joined = client.txn(txn).await?;
+        let ops = joined.op_responses();
+        let revision = if joined.succeeded() {
+            joined.header().map_or(0, |h| h.revision())
+        } else {
+            match ops.first() {
+                Some(TxnOpResponse::Get(mine)) => {
+                    mine.kvs().first().map_or(0, |kv| kv.create_revision())
+                }
+                _ => 0,
+            }
+        };
+        let first = match ops.get(1) {
+            Some(TxnOpResponse::Get(head)) => head
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.key() == contender_key.as_bytes()),
+            _ => false,
+        };
+        Ok((revision, first))
+    }
+
+    /// Waits in the queue of `key` until first in line (`Acquired`) or the deadline (`Busy`).
     pub(super) async fn queue(
         &self,
         key: &str,
         owner: &str,
-        lease: Duration,
-        deadline: Instant,
-    ) -> Result<Attempt, LockError> {
-        let granted = self
-            .bounded(Some(key), "lease grant failed", |mut c| async move {
-                c.lease_grant(ttl_seconds(lease), None).await
-            })
-            .await?;
-        let lease_id = granted.id();
-        let contender_key = format!("{}{lease_id:016x}", self.queue_prefix(key));
-        // Known before the key is written: a cancelled attempt's compensating release finds it.
-        self.contenders().insert(
-            owner.to_owned(),
-            Contender {
-                lease: lease_id,
-                key: contender_key.clone(),
-            },
-        );
-        let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1));
-        // Started when the contender first has to wait (an uncontended acquire needs none).
-        let mut keeper: Option<AbortOnDrop> = None;
-
-        let contender = contender_key.as_str();
-        let put = self
-            .bounded(Some(key), "queueing failed", |mut c| async move {
-                c.put(
-                    contender,
-                    owner,
-                    Some(PutOptions::new().with_lease(lease_id)),
-                )
+        ask: Queueing,
+    ) -> Result<Queued, LockError> {
+        let deadline = ask.deadline;
+        let contender_key = self.contender_key(key, owner);
+        let mut retried = false;
+        let (lease_id, shared, granted_at, my_revision, first) = loop {
+            let (lease_id, shared, granted_at) = self.contender_lease(key, ask).await?;
+            // Known before the key is written: a cancelled attempt's compensating release
+            // finds it.
+            self.contenders().insert(
+                owner.to_owned(),
+                Contender {
+                    lease: lease_id,
+                    key: contender_key.clone(),
+                    shared: shared.clone(),
+                },
+            );
+            let contender = contender_key.as_str();
+            match self
+                .bounded(Some(key), "queueing failed", |_| async move {
+                    self.join(key, contender, owner, lease_id).await
+                })
                 .await
-            })
-            .await?;
-        let my_revision = put.header().map_or(0, |h| h.revision());
+            {
+                Ok((0, _)) => {
+                    return Err(LockError::backend(
+                        Some(key),
+                        "acquisition already released (its owner token is buried)",
+                        None,
+                    ));
+                }
+                Ok((revision, first)) => break (lease_id, shared, granted_at, revision, first),
+                // The shared lease ended on the server since it was last confirmed (the
+                // process was stopped, or the server unreachable, for longer than its TTL):
+                // take a new one, once.
+                Err(err)
+                    if !retried
+                        && shared.is_some()
+                        && err.to_string().contains("lease not found") =>
+                {
+                    if let Some(shared) = &shared {
+                        shared.kill();
+                    }
+                    retried = true;
+                }
+                Err(err) => return Err(err),
+            }
+        };
+        // How long the key lives for sure: from the shared lease's last confirmed keep-alive,
+        // or from the grant of a lease of its own.
+        let confirmed = |shared: &Option<Arc<SharedLease>>| match shared {
+            Some(shared) => Some(shared.confirmed()),
+            None => granted_at,
+        };
+        if first {
+            // First in line at once: the lease was just confirmed or granted, the key just
+            // written, nothing to confirm.
+            return Ok(Queued {
+                attempt: Attempt::Acquired {
+                    fence: u64::try_from(my_revision).ok(),
+                },
+                confirmed: confirmed(&shared),
+            });
+        }
+        // Started when the contender first has to wait, for a lease of its own (the shared
+        // lease has its keeper).
+        let mut keeper: Option<AbortOnDrop> = None;
+        let mut waited = false;
         loop {
             // The predecessor: the newest key created before ours (and whether another is
             // ahead of it).
@@ -87,24 +208,27 @@ impl EtcdBackend {
             // later have higher revisions).
             let behind_the_head = before.kvs().len() == 1;
             let Some(predecessor) = before.kvs().first() else {
-                if keeper.is_none() {
-                    // First in line at once: the lease was just granted and the key just
-                    // written, nothing to confirm.
-                    return Ok(Attempt::Acquired {
-                        fence: u64::try_from(my_revision).ok(),
+                if !waited {
+                    return Ok(Queued {
+                        attempt: Attempt::Acquired {
+                            fence: u64::try_from(my_revision).ok(),
+                        },
+                        confirmed: confirmed(&shared),
                     });
                 }
                 return self
-                    .confirm_first(key, &contender_key, lease_id, my_revision)
+                    .confirm_first(key, &contender_key, lease_id, &shared, my_revision)
                     .await;
             };
             let predecessor_key = predecessor.key().to_vec();
             let from = before.header().map_or(0, |h| h.revision()) + 1;
             if Instant::now() >= deadline {
                 self.leave(owner).await;
-                return Ok(Attempt::Busy { ttl: None });
+                return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
             }
-            if keeper.is_none() {
+            waited = true;
+            if keeper.is_none() && shared.is_none() {
+                let ttl = Duration::from_secs(u64::try_from(ttl_seconds(ask.lease)).unwrap_or(1));
                 keeper = Some(AbortOnDrop(self.keep_alive_while_queued(lease_id, ttl)));
             }
             let predecessor_key = &predecessor_key;
@@ -140,45 +264,54 @@ impl EtcdBackend {
             };
             let Ok(deleted) = tokio::time::timeout_at(deadline, deleted).await else {
                 self.leave(owner).await;
-                return Ok(Attempt::Busy { ttl: None });
+                return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
             };
             if deleted && behind_the_head {
                 // The holder released (or its lease ended): first in line, without looking up
                 // the queue again.
                 return self
-                    .confirm_first(key, &contender_key, lease_id, my_revision)
+                    .confirm_first(key, &contender_key, lease_id, &shared, my_revision)
                     .await;
             }
         }
     }
 
-    /// First in line: the key must still exist and the lease still be alive.
+    /// First in line after waiting: the key must still exist and the lease still be alive;
+    /// the lease is renewed in the same round trip, and the lock counts from that renewal.
     pub(super) async fn confirm_first(
         &self,
         key: &str,
         contender_key: &str,
         lease: i64,
+        shared: &Option<Arc<SharedLease>>,
         revision: i64,
-    ) -> Result<Attempt, LockError> {
+    ) -> Result<Queued, LockError> {
+        let sent_at = Instant::now();
         // Both at once: one round trip.
         let (mine, alive) = tokio::join!(
             self.bounded(Some(key), "confirmation failed", |mut c| async move {
                 c.get(contender_key, None).await
             }),
-            self.bounded(Some(key), "lease check failed", |mut c| async move {
-                c.lease_time_to_live(lease, None).await
-            })
+            async {
+                match shared {
+                    Some(shared) => shared.refresh(&self.client, self.timeout).await,
+                    None => lease::keep_alive(&self.client, lease, self.timeout).await,
+                }
+            }
         );
-        let (mine, alive) = (mine?, alive?);
-        if mine.kvs().is_empty() || alive.ttl() <= 0 {
+        let (mine, alive) = (mine?, alive.map_err(|e| e.for_key(key))?);
+        if mine.kvs().is_empty() || !alive {
             return Err(LockError::backend(
                 Some(key),
                 "the lease expired while queued",
                 None,
             ));
         }
-        Ok(Attempt::Acquired {
-            fence: u64::try_from(revision).ok(),
+        Ok(Queued {
+            attempt: Attempt::Acquired {
+                fence: u64::try_from(revision).ok(),
+            },
+            confirmed: Some(sent_at),
         })
     }
 
@@ -204,13 +337,26 @@ impl EtcdBackend {
         }
     }
 
-    /// Removes `owner`'s place: deletes its key and revokes its lease.
+    /// Removes `owner`'s place: deletes its key (and revokes a lease of its own).
     pub(super) async fn leave(&self, owner: &str) -> bool {
         let Some(contender) = self.contenders().remove(owner) else {
             return false;
         };
-        // Revoking the lease deletes the key with it.
-        let _ = self.revoke(contender.lease).await;
+        if contender.shared.is_none() {
+            // Revoking the lease deletes the key with it.
+            let _ = self.revoke(contender.lease).await;
+            return true;
+        }
+        let ours = contender.key.as_str();
+        if self
+            .bounded(None, "leaving the queue failed", |mut c| async move {
+                c.delete(ours, None).await
+            })
+            .await
+            .is_err()
+        {
+            self.remove_later(contender.key);
+        }
         true
     }
 }

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState};
 
 use self::path::{escape, sequence};
-use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
+use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
 use crate::LockError;
 
 pub(crate) struct ZooKeeperBackend {
@@ -502,10 +502,11 @@ impl Backend for ZooKeeperBackend {
         &self,
         key: &str,
         owner: &str,
-        _lease: Duration,
-        deadline: Instant,
-    ) -> Result<Attempt, LockError> {
-        self.queue(key, owner, deadline).await
+        ask: Queueing,
+    ) -> Result<Queued, LockError> {
+        // The session (pinged every third of its timeout) keeps the node alive.
+        let attempt = self.queue(key, owner, ask.deadline).await?;
+        Ok(Queued::kept_alive(attempt))
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
