@@ -84,7 +84,7 @@ impl SharedLease {
     /// Fresh enough to attach a new key to without asking the server first: alive as far as
     /// the runtime knows and confirmed within the last half of its TTL (the keeper confirms it
     /// every quarter).
-    fn is_fresh(&self, now: Instant) -> bool {
+    pub(crate) fn is_fresh(&self, now: Instant) -> bool {
         !self.is_dead() && now < self.confirmed() + self.ttl / 2
     }
 

@@ -276,8 +276,10 @@ impl EtcdBackend {
         }
     }
 
-    /// First in line after waiting: the key must still exist and the lease still be alive;
-    /// the lease is renewed in the same round trip, and the lock counts from that renewal.
+    /// First in line after waiting: the key must still exist and the lease still be alive.
+    /// A shared lease the keeper confirmed lately is alive for sure: one read of the key, and
+    /// the lock counts from that confirmation. Otherwise the lease is renewed in the same round
+    /// trip as the read, and the lock counts from that renewal.
     pub(super) async fn confirm_first(
         &self,
         key: &str,
@@ -287,6 +289,28 @@ impl EtcdBackend {
         revision: i64,
     ) -> Result<Queued, LockError> {
         let sent_at = Instant::now();
+        if let Some(shared) = shared.as_ref().filter(|l| l.is_fresh(sent_at)) {
+            let since = shared.confirmed();
+            let mine = self
+                .bounded(Some(key), "confirmation failed", |mut c| async move {
+                    c.get(contender_key, Some(GetOptions::new().with_count_only()))
+                        .await
+                })
+                .await?;
+            if mine.count() == 0 {
+                return Err(LockError::backend(
+                    Some(key),
+                    "the key was deleted while queued",
+                    None,
+                ));
+            }
+            return Ok(Queued {
+                attempt: Attempt::Acquired {
+                    fence: u64::try_from(revision).ok(),
+                },
+                confirmed: Some(since),
+            });
+        }
         // Both at once: one round trip.
         let (mine, alive) = tokio::join!(
             self.bounded(Some(key), "confirmation failed", |mut c| async move {
