@@ -6,6 +6,10 @@
 //! call finds the holds of its callers, while two sub-futures polled side by side (`join!`,
 //! `join_all`) each run in a frame of their own and never see each other's holds: they are
 //! different owners. Spawned tasks do not inherit the frame at all.
+//!
+//! The task-local holds a [`Scope`]: the frame's parts, the frame itself allocated only when
+//! something in the body asks for it (a nested call, a plain `acquire()`), so that a body that
+//! takes no lock of its own costs no allocation.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,8 +18,48 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::held::Held;
 
 tokio::task_local! {
-    /// The innermost frame of the running call chain.
-    static CHAIN: Arc<Frame>;
+    /// The innermost level of the running call chain.
+    static CHAIN: Scope;
+}
+
+/// The innermost level of a call chain as the task-local holds it: the parts of its frame, and
+/// the frame itself, made the first time something asks for it (a nested call, a plain
+/// `acquire()`). Most bodies never ask, and then no frame is allocated.
+pub(crate) struct Scope {
+    id: u64,
+    parent: Option<Arc<Frame>>,
+    first: Option<Arc<Held>>,
+    frame: std::cell::OnceCell<Arc<Frame>>,
+}
+
+impl Scope {
+    /// The level `id` below `parent`, holding `first` if the call that opens it acquired fresh.
+    pub(crate) fn new(id: u64, parent: Option<Arc<Frame>>, first: Option<Arc<Held>>) -> Self {
+        Self {
+            id,
+            parent,
+            first,
+            frame: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn frame(&self) -> Arc<Frame> {
+        self.frame
+            .get_or_init(|| Frame::new(self.id, self.parent.clone(), self.first.clone()))
+            .clone()
+    }
+
+    /// The fence of the innermost hold still in force, searched from this level outwards:
+    /// `Some(fence)` for the first such hold (whose fence may be `None`), `None` without one.
+    fn innermost_fence(&self) -> Option<Option<u64>> {
+        if let Some(frame) = self.frame.get() {
+            return frame.innermost_fence();
+        }
+        match self.first.as_ref().filter(|h| h.is_held()) {
+            Some(held) => Some(held.fence),
+            None => self.parent.as_ref().and_then(|p| p.innermost_fence()),
+        }
+    }
 }
 
 /// Frame ids start at 1: 0 stands for "no frame".
@@ -63,6 +107,16 @@ impl Frame {
     pub(crate) fn find(&self, runtime: u64, key: &str) -> Option<Arc<Held>> {
         self.lineage()
             .find_map(|f| f.lock_holds().find(runtime, key))
+    }
+
+    /// See [`Scope::innermost_fence`].
+    fn innermost_fence(&self) -> Option<Option<u64>> {
+        self.lineage().find_map(|f| {
+            f.lock_holds()
+                .iter_rev()
+                .find(|h| h.is_held())
+                .map(|h| h.fence)
+        })
     }
 
     pub(crate) fn push(&self, held: Arc<Held>) {
@@ -119,15 +173,15 @@ impl ChainHolds {
 
 /// The innermost frame of the running call chain, if any.
 pub(crate) fn current_frame() -> Option<Arc<Frame>> {
-    CHAIN.try_with(Arc::clone).ok()
+    CHAIN.try_with(Scope::frame).ok()
 }
 
-/// Runs `fut` in `frame` (a plain function: an `async fn` would store `fut` twice).
+/// Runs `fut` in `scope` (a plain function: an `async fn` would store `fut` twice).
 pub(crate) fn enter<F: Future>(
-    frame: Arc<Frame>,
+    scope: Scope,
     fut: F,
-) -> tokio::task::futures::TaskLocalFuture<Arc<Frame>, F> {
-    CHAIN.scope(frame, fut)
+) -> tokio::task::futures::TaskLocalFuture<Scope, F> {
+    CHAIN.scope(scope, fut)
 }
 
 /// The fencing token of the innermost lock held by this call chain, if any.
@@ -148,14 +202,7 @@ pub(crate) fn enter<F: Future>(
 /// ```
 pub fn current_fence() -> Option<u64> {
     CHAIN
-        .try_with(|frame| {
-            frame.lineage().find_map(|f| {
-                f.lock_holds()
-                    .iter_rev()
-                    .find(|h| h.is_held())
-                    .map(|h| h.fence)
-            })
-        })
+        .try_with(Scope::innermost_fence)
         .ok()
         .flatten()
         .flatten()

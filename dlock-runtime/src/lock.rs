@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::LockError;
 use crate::acquire::{FOREVER, acquire_fresh};
-use crate::chain::{Frame, current_frame, enter};
+use crate::chain::{Frame, Scope, current_frame, enter};
 use crate::core::{Core, validate_lease};
 use crate::guard::LockGuard;
 use crate::held::{Held, Reentry, Terms};
@@ -295,10 +295,13 @@ pub(crate) async fn protected<T>(
     let parent = current_frame();
     let scope = Frame::next_id();
     let guard = lock.acquire_in(parent.as_ref(), Some(scope)).await?;
-    let fresh = guard.is_first().then(|| guard.held().clone());
-    let fut = enter(Frame::new(scope, parent, fresh), fut);
+    let first = guard.is_first();
+    let fresh = first.then(|| guard.held().clone());
+    let fut = enter(Scope::new(scope, parent, fresh), fut);
     let out = match on_lost {
-        OnLost::Cancel => match guard.held().lost.run_unless_lost(fut).await {
+        // A fresh hold's validity was checked on the clock when it was registered, in this
+        // same poll: the body's first step needs no second reading.
+        OnLost::Cancel => match guard.held().lost.run_unless_lost(fut, first).await {
             Some(out) => out,
             None => {
                 return Err(LockError::Lost {

@@ -83,6 +83,12 @@ impl LostSignal {
         notified
     }
 
+    /// Whether the validity had already run out when this signal was made (the clock was
+    /// read then: `base`).
+    fn expired_when_made(&self) -> bool {
+        self.valid_nanos.load(Ordering::Acquire) == 0
+    }
+
     /// Whether the confirmed validity has run out on the local clock, although the watchdog
     /// has not said so yet (it runs as a task of its own: after the process was stopped, or
     /// under load, it may not have run since).
@@ -96,14 +102,25 @@ impl LostSignal {
     /// clock, so a body never takes another step once it ran out, even if the watchdog has
     /// not run yet (a process resumed after a pause). Watches the lost signal only once `fut`
     /// has to wait, so a body that completes at once costs nothing extra.
+    ///
+    /// `fresh`: this signal was made (its validity set against the clock read then) in the
+    /// same poll as this call, so the first step is checked against that reading instead of a
+    /// new one.
     pub(crate) async fn run_unless_lost<F: std::future::Future>(
         &self,
         fut: F,
+        fresh: bool,
     ) -> Option<F::Output> {
         tokio::pin!(fut);
         let mut watching = None;
+        let mut first = fresh;
         std::future::poll_fn(|cx| {
-            if self.is_lost() || self.expired() {
+            let expired = if std::mem::take(&mut first) {
+                self.expired_when_made()
+            } else {
+                self.expired()
+            };
+            if self.is_lost() || expired {
                 return Poll::Ready(None);
             }
             if let Poll::Ready(out) = fut.as_mut().poll(cx) {
@@ -148,10 +165,29 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(400)).await;
             }
         };
-        let out = signal.run_unless_lost(body).await;
+        let out = signal.run_unless_lost(body, false).await;
         assert!(out.is_none());
         assert!(!signal.is_lost(), "nobody fired the signal");
         // Steps at 0, 400 and 800 ms; none at 1200 ms.
         assert_eq!(steps.load(Ordering::SeqCst), 3);
+    }
+
+    /// A hold whose validity had run out before it was registered (the acquire's answer came
+    /// back later than the lease) takes no step, although its first step is checked against
+    /// the registration's clock reading rather than a new one.
+    #[tokio::test(start_paused = true)]
+    async fn fresh_hold_whose_validity_ran_out_before_it_was_registered_takes_no_step() {
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let signal = LostSignal::default();
+        signal.set_valid_until(sent + Duration::from_secs(1));
+        let out = signal
+            .run_unless_lost(async { unreachable!("the body took a step") }, true)
+            .await;
+        assert!(out.is_none());
+        // Still valid when registered: the first step runs.
+        let signal = LostSignal::default();
+        signal.set_valid_until(Instant::now() + Duration::from_secs(1));
+        assert_eq!(signal.run_unless_lost(async { 7 }, true).await, Some(7));
     }
 }
