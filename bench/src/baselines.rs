@@ -33,9 +33,53 @@ pub(crate) async fn evalsha_pairs(url: &str, n: usize) -> Result<Vec<Duration>, 
     Ok(sorted(lat))
 }
 
-/// The runtime's own acquire and release requests, issued raw (no runtime) by `tasks` tasks on
-/// a key each, `per_task` pairs each: the first attempt's pipeline (`SET NX PX GET`, `INCRBY`
-/// and `PEXPIRE` of the fence counter) and the release script. Pairs per second.
+/// One acquire + release of `key` by `owner` issued raw (no runtime), as the runtime sends
+/// them: the first attempt's pipeline (`SET NX PX GET`, `INCRBY` of the fence counter, and
+/// its `PEXPIRE` when `push`: the runtime leaves it out when it pushed it lately) and the
+/// release script.
+async fn raw_pair(
+    conn: &mut redis::aio::MultiplexedConnection,
+    release: &redis::Script,
+    key: &str,
+    owner: &str,
+    push: bool,
+) -> Result<(), BoxError> {
+    let counter = format!("{key}:fence");
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(key)
+        .arg(owner)
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .arg("GET")
+        .cmd("INCRBY")
+        .arg(&counter)
+        .arg(scripts::FENCE_BLOCK);
+    if push {
+        pipe.cmd("PEXPIRE").arg(&counter).arg(630_000).ignore();
+    }
+    let (held, _fence): (Option<String>, i64) = pipe.query_async(conn).await?;
+    if held.is_some() {
+        return Err("raw acquire found the key taken".into());
+    }
+    let freed: i64 = release
+        .key(key)
+        .arg(owner)
+        .arg(format!("{key}:released"))
+        .arg("raw")
+        .arg("PUBLISH")
+        .arg(50)
+        .invoke_async(conn)
+        .await?;
+    if freed != 1 {
+        return Err("raw release did not free the key".into());
+    }
+    Ok(())
+}
+
+/// The runtime's own acquire and release requests ([`raw_pair`]), issued raw by `tasks` tasks
+/// on a key each, `per_task` pairs each. Pairs per second.
 pub(crate) async fn script_pairs_parallel(
     url: &str,
     tasks: usize,
@@ -50,49 +94,34 @@ pub(crate) async fn script_pairs_parallel(
         let release = release.clone();
         set.spawn(async move {
             let owner = format!("{k:032x}");
-            for _ in 0..per_task {
-                let key = format!("raw:{{par:{k}}}");
-                let counter = format!("{key}:fence");
-                let (held, _fence): (Option<String>, i64) = redis::pipe()
-                    .cmd("SET")
-                    .arg(&key)
-                    .arg(&owner)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(30_000)
-                    .arg("GET")
-                    .cmd("INCRBY")
-                    .arg(&counter)
-                    .arg(scripts::FENCE_BLOCK)
-                    .cmd("PEXPIRE")
-                    .arg(&counter)
-                    .arg(630_000)
-                    .ignore()
-                    .query_async(&mut conn)
-                    .await?;
-                if held.is_some() {
-                    return Err::<(), BoxError>("raw acquire found the key taken".into());
-                }
-                let freed: i64 = release
-                    .key(&key)
-                    .arg(&owner)
-                    .arg(format!("{key}:released"))
-                    .arg("raw")
-                    .arg("PUBLISH")
-                    .arg(50)
-                    .invoke_async(&mut conn)
-                    .await?;
-                if freed != 1 {
-                    return Err::<(), BoxError>("raw release did not free the key".into());
-                }
+            let key = format!("raw:{{par:{k}}}");
+            for i in 0..per_task {
+                raw_pair(&mut conn, &release, &key, &owner, i == 0).await?;
             }
-            Ok(())
+            Ok::<(), BoxError>(())
         });
     }
     while let Some(r) = set.join_next().await {
         r??;
     }
     Ok((tasks * per_task) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// `n` sequential acquire + release pairs of the runtime's own requests issued raw
+/// ([`raw_pair`]) on one key, after `n / 10` unmeasured.
+pub(crate) async fn raw_request_pairs(url: &str, n: usize) -> Result<Vec<Duration>, BoxError> {
+    let mut conn = raw_conn(url).await?;
+    let release = redis::Script::new(scripts::RELEASE);
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        let owner = "00000000000000000000000000000001";
+        raw_pair(&mut conn, &release, "raw:{seq}", owner, i == 0).await?;
+        if i >= n / 10 {
+            lat.push(t.elapsed());
+        }
+    }
+    Ok(sorted(lat))
 }
 
 /// `n` raw `PING` round trips.

@@ -50,12 +50,22 @@ pub(crate) const FENCE_BLOCK: u64 = 16;
 /// gone, the key is free again after this.
 const RESERVATION: Duration = Duration::from_millis(50);
 
+/// An acquisition leaves the counter's `PEXPIRE` out when this backend pushed the counter's
+/// expiry (to at least `FENCE_TTL` from then) less than this long before, lease included: the
+/// counter then still outlives the lock by more than nine tenths of `FENCE_TTL`.
+const COUNTER_PUSH_SPARED: Duration = Duration::from_secs(60);
+
+/// At most this many counters are remembered (the memory is cleared when it is full).
+const COUNTERS_REMEMBERED: usize = 4096;
+
 pub(crate) struct RedisBackend {
     link: Link,
     names: Names,
     origin: String,
     timeout: Duration,
     scripts: Scripts,
+    /// Fence counter name -> when this backend last sent a `PEXPIRE` of it (that was answered).
+    counters: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
 }
 
 impl RedisBackend {
@@ -104,7 +114,41 @@ impl RedisBackend {
             origin: ctx.origin.clone(),
             timeout: ctx.timeout,
             scripts: Scripts::new(),
+            counters: std::sync::Mutex::default(),
         }
+    }
+
+    fn counters(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, tokio::time::Instant>> {
+        // Map operations cannot be interrupted half-way: a poisoned lock is consistent.
+        self.counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether an acquisition with `lease`, sent now, needs to push the expiry of `counter`:
+    /// not when this backend pushed it recently enough (see [`COUNTER_PUSH_SPARED`]). Every
+    /// push sets at least `FENCE_TTL` from its own time, so a later one by anybody never
+    /// shortens what an earlier one promised.
+    fn counter_push_needed(
+        &self,
+        counter: &str,
+        lease: Duration,
+        now: tokio::time::Instant,
+    ) -> bool {
+        self.counters()
+            .get(counter)
+            .is_none_or(|&pushed| now + lease >= pushed + COUNTER_PUSH_SPARED)
+    }
+
+    /// Remembers that a `PEXPIRE` of `counter` sent at `sent_at` was answered.
+    fn counter_pushed(&self, counter: &str, sent_at: tokio::time::Instant) {
+        let mut counters = self.counters();
+        if counters.len() >= COUNTERS_REMEMBERED && !counters.contains_key(counter) {
+            counters.clear();
+        }
+        counters.insert(counter.to_owned(), sent_at);
     }
 }
 
@@ -143,8 +187,10 @@ impl RedisBackend {
 }
 
 impl Backend for RedisBackend {
-    /// The first attempt, three plain commands in one round trip (no script): `SET lock owner
-    /// NX PX lease GET`, `INCRBY counter FENCE_BLOCK`, `PEXPIRE counter`. Not atomic, and need not be: the
+    /// The first attempt, plain commands in one round trip (no script): `SET lock owner NX PX
+    /// lease GET`, `INCRBY counter FENCE_BLOCK`, and `PEXPIRE counter` unless this backend
+    /// pushed the counter's expiry lately (see [`COUNTER_PUSH_SPARED`]; a recreated counter
+    /// gets its expiry from the floor script). Not atomic, and need not be: the
     /// counter only grows, an attempt that found the key taken just spends a value, and a
     /// holder's `INCR` runs after its `SET` and before the release that lets the next holder
     /// in, so tokens follow the order of the holds. (A holder whose value came from a
@@ -152,6 +198,8 @@ impl Backend for RedisBackend {
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         let lock = self.names.lock(key);
         let counter = self.names.fence(key);
+        let sent_at = tokio::time::Instant::now();
+        let push = self.counter_push_needed(&counter, lease, sent_at);
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
             .arg(&*lock)
@@ -162,15 +210,20 @@ impl Backend for RedisBackend {
             .arg("GET")
             .cmd("INCRBY")
             .arg(&*counter)
-            .arg(FENCE_BLOCK)
-            .cmd("PEXPIRE")
-            .arg(&*counter)
-            .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
-            .ignore();
+            .arg(FENCE_BLOCK);
+        if push {
+            pipe.cmd("PEXPIRE")
+                .arg(&*counter)
+                .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
+                .ignore();
+        }
         let mut conn = self.link.handle();
         let (held, fence): (Option<String>, i64) = self
             .call(Some(key), "acquire failed", pipe.query_async(&mut conn))
             .await?;
+        if push {
+            self.counter_pushed(&counter, sent_at);
+        }
         let ours = held
             .as_deref()
             .is_none_or(|h| h.strip_suffix('+').unwrap_or(h) == owner);
