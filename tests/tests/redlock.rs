@@ -802,6 +802,39 @@ async fn url_with_node_timeout_works_against_real_servers() {
         .await;
 }
 
+/// Redlock gives no fencing tokens, so its nodes keep no fence counter: an uncontended
+/// attempt is one `SET` on each node (no `INCRBY`, no `PEXPIRE`), and the key has no counter
+/// afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_keep_no_fence_counter_and_an_attempt_is_one_set() {
+    const PAIRS: u64 = 10;
+    let nodes = Nodes::start(3);
+    let rt = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
+    let key = "redlock:unfenced";
+    for _ in 0..PAIRS {
+        let guard = rt.lock(key).held("acquire").await;
+        assert_eq!(guard.fence(), None);
+        guard.release().await.expect("release");
+    }
+    for (i, server) in nodes.live() {
+        assert_eq!(server.command_calls("incrby").await, 0, "node {i}: INCRBY");
+        assert_eq!(
+            server.command_calls("pexpire").await,
+            0,
+            "node {i}: PEXPIRE"
+        );
+        assert_eq!(
+            server.command_calls("set").await,
+            PAIRS,
+            "node {i}: one SET per attempt"
+        );
+        assert!(
+            !server.exists(&dlock_tests::fence_key(key)).await,
+            "node {i}: a fence counter"
+        );
+    }
+}
+
 /// A waiter on a Redlock key listens on the release channel of every node, so that a release
 /// reaching any majority wakes it. (The wake-up latency: the conformance suite.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

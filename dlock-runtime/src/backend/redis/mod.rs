@@ -64,6 +64,8 @@ pub(crate) struct RedisBackend {
     origin: String,
     timeout: Duration,
     scripts: Scripts,
+    /// Whether acquisitions draw fencing tokens (not on a Redlock node).
+    fencing: bool,
     /// Fence counter name -> when this backend last sent a `PEXPIRE` of it (that was answered).
     counters: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
 }
@@ -79,11 +81,15 @@ impl RedisBackend {
     }
 
     /// Like [`RedisBackend::connect`], but connects on first use: a node that is down now
-    /// answers each call with an error (Redlock tolerates a minority of those).
+    /// answers each call with an error (Redlock tolerates a minority of those). A Redlock node
+    /// keeps no fence counter (independent counters cannot make one sequence): its first
+    /// attempt is the `SET` alone.
     pub(crate) fn connect_lazy(url: &str, ctx: &Context) -> Result<Self, LockError> {
         let names = Names::new(&ctx.prefix);
         let link = Link::single_lazy(url, &names, ctx)?;
-        Ok(Self::with_link(link, names, ctx))
+        let mut node = Self::with_link(link, names, ctx);
+        node.fencing = false;
+        Ok(node)
     }
 
     /// Connects to a Redis Cluster through any of its `seeds` (one URL per node).
@@ -114,6 +120,7 @@ impl RedisBackend {
             origin: ctx.origin.clone(),
             timeout: ctx.timeout,
             scripts: Scripts::new(),
+            fencing: true,
             counters: std::sync::Mutex::default(),
         }
     }
@@ -125,6 +132,37 @@ impl RedisBackend {
         self.counters
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The first attempt without a fencing token (a Redlock node): `SET lock owner NX PX lease
+    /// GET` alone. Idempotent per owner like the fenced one.
+    async fn try_acquire_unfenced(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> EngineResult<Attempt> {
+        let lock = self.names.lock(key);
+        let cmd = redis::cmd("SET")
+            .arg(&*lock)
+            .arg(owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis_ceil(lease))
+            .arg("GET")
+            .clone();
+        let mut conn = self.link.handle();
+        let held: Option<String> = self
+            .call(Some(key), "acquire failed", cmd.query_async(&mut conn))
+            .await?;
+        match held.as_deref() {
+            None => Ok(Attempt::Acquired { fence: None }),
+            Some(h) if h.strip_suffix('+').unwrap_or(h) == owner => {
+                Ok(Attempt::Acquired { fence: None })
+            }
+            Some(h) if self.reserved_for_us(h) => self.acquire_script(key, owner, lease).await,
+            Some(_) => Ok(Attempt::Busy { ttl: None }),
+        }
     }
 
     /// Whether an acquisition with `lease`, sent now, needs to push the expiry of `counter`:
@@ -196,6 +234,9 @@ impl Backend for RedisBackend {
     /// in, so tokens follow the order of the holds. (A holder whose value came from a
     /// recreated counter raises it to the clock first, see [`FENCE_FLOOR_MIN`].)
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
+        if !self.fencing {
+            return self.try_acquire_unfenced(key, owner, lease).await;
+        }
         let lock = self.names.lock(key);
         let counter = self.names.fence(key);
         let sent_at = tokio::time::Instant::now();
