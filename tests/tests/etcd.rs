@@ -1189,6 +1189,28 @@ async fn unreachable_endpoints_are_backend_errors_within_the_timeout() {
         .await;
     assert!(err.is_backend(), "expected Backend, got {err:?}");
     assert!(took < bound, "took {took:?}");
+    // Eight at once, with a lease whose shared lease is not granted yet: each fails within
+    // its own bound, not one timeout after another behind the first grant.
+    let start = Instant::now();
+    let tries: Vec<_> = (0..8)
+        .map(|i| {
+            let rt = rt.clone();
+            tokio::spawn(async move {
+                rt.lock(format!("etcd:frozen:{i}"))
+                    .lease(Duration::from_secs(7))
+                    .acquire()
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    for t in tries {
+        let err = t.await.expect("task").expect_err("a frozen server");
+        assert!(err.is_backend(), "expected Backend, got {err:?}");
+    }
+    let took = start.elapsed();
+    println!("8 acquisitions at once on a frozen server: all failed in {took:?}");
+    assert!(took < bound, "took {took:?}");
     blocking(|| etcd.resume());
 }
 

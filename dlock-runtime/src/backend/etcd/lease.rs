@@ -155,19 +155,32 @@ impl SharedLeases {
         ttl: i64,
         timeout: Duration,
     ) -> Result<Arc<SharedLease>, LockError> {
-        let mut leases = self.by_ttl.lock().await;
+        // One bound for the whole call: callers queued behind a grant the server does not
+        // answer fail within their own timeout, not one timeout after another.
+        let deadline = Instant::now() + timeout;
+        let late = || {
+            LockError::backend(
+                None,
+                format!("lease grant failed: no reply within {timeout:?}"),
+                None,
+            )
+        };
+        let mut leases = tokio::time::timeout_at(deadline, self.by_ttl.lock())
+            .await
+            .map_err(|_| late())?;
         if let Some(lease) = leases.get(&ttl) {
             if lease.is_fresh(Instant::now()) {
                 return Ok(lease.clone());
             }
             // The keeper fell behind (the server was unreachable for a while): ask now.
-            if !lease.is_dead() && lease.refresh(client, timeout).await? {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !lease.is_dead() && lease.refresh(client, left).await? {
                 return Ok(lease.clone());
             }
         }
         let sent_at = Instant::now();
         let mut c = client.clone();
-        let granted = match tokio::time::timeout(timeout, c.lease_grant(ttl, None)).await {
+        let granted = match tokio::time::timeout_at(deadline, c.lease_grant(ttl, None)).await {
             Ok(Ok(granted)) => granted,
             Ok(Err(e)) => {
                 return Err(LockError::backend(
@@ -176,13 +189,7 @@ impl SharedLeases {
                     Some(Arc::new(e)),
                 ));
             }
-            Err(_) => {
-                return Err(LockError::backend(
-                    None,
-                    format!("lease grant failed: no reply within {timeout:?}"),
-                    None,
-                ));
-            }
+            Err(_) => return Err(late()),
         };
         let granted_ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1));
         let lease = Arc::new(SharedLease::new(granted.id(), granted_ttl, sent_at));
