@@ -15,8 +15,9 @@
 //!   an uncontended acquisition is this one request;
 //! - a waiter watches only its predecessor's key (no herd); when the predecessor headed the
 //!   queue, its deletion makes the waiter first without a second lookup;
-//! - after waiting, it checks that its key still exists and renews its lease before reporting
-//!   the lock acquired (etcd 3.4 was seen granting a queued waiter whose lease had expired);
+//! - after waiting, it checks that its key still exists before reporting the lock acquired,
+//!   and renews its lease in the same round trip unless the runtime confirmed it lately (etcd
+//!   3.4 was seen granting a queued waiter whose lease had expired);
 //! - release deletes the key (one request: a delete that finds nothing means the lock was
 //!   lost); a deadline or a cancellation does the same (the runtime's compensating release).
 //!
