@@ -498,13 +498,29 @@ async fn killed_holder_process_frees_key_on_every_node_after_about_one_lease() {
         .lease(LONG_LEASE)
         .held_between(bounds, what)
         .await;
+    // The new holder needs a majority only: a node whose copy of the dead holder's lock
+    // expires a few milliseconds after the others may still show it when the new holder got
+    // in, and it must be gone within the dead holder's lease.
+    let dead = dead_owner.as_str();
     for (i, _) in nodes.live() {
-        assert_ne!(
-            nodes.owner_on(i, key).await.as_deref(),
-            Some(dead_owner.as_str()),
-            "node {i} still holds the dead holder's lock"
-        );
+        eventually(
+            Duration::from_secs(1),
+            &format!("node {i} drops the dead holder's lock within its 1 s lease"),
+            || async { nodes.owner_on(i, key).await.as_deref() != Some(dead) },
+        )
+        .await;
     }
+    let majority = {
+        let mut ours = 0;
+        for (i, _) in nodes.live() {
+            ours += usize::from(nodes.owner_on(i, key).await.is_some());
+        }
+        ours
+    };
+    assert!(
+        majority >= 2,
+        "the new holder holds a majority: {majority} of 3"
+    );
     guard.release().await.expect("release");
     nodes
         .assert_on_every_live_node(key, false, "after the new holder released")
