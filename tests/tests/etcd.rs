@@ -421,6 +421,42 @@ async fn renewed_locks_share_the_runtimes_lease_and_hard_capped_ones_have_their_
     );
 }
 
+/// A release the server does not answer (down for longer than the runtime's own retries last)
+/// is sent again until it is answered: a key on the runtime's shared lease does not expire
+/// while the runtime lives, so the key must go soon after the server's return, not after
+/// retries that back off for seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_the_server_did_not_answer_lands_soon_after_its_return() {
+    let mut etcd = EtcdServer::start();
+    let rt = Runtime::builder()
+        .etcd(etcd.endpoints())
+        .timeout(Duration::from_millis(300))
+        .built()
+        .await;
+    let key = "etcd:late-release";
+    let guard = rt
+        .lock(key)
+        .lease(Duration::from_secs(30))
+        .held("acquire")
+        .await;
+    let held = only_holder(&etcd, key);
+    blocking(|| etcd.stop());
+    let err = guard
+        .release()
+        .await
+        .expect_err("a stopped server does not answer");
+    assert!(err.is_backend(), "expected Backend, got {err:?}");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    blocking(|| etcd.restart());
+    let took =
+        wait_until_key_gone(&etcd, key, &held, Duration::from_secs(10), "late release").await;
+    println!("the key went {took:?} after the server came back");
+    assert!(
+        took < Duration::from_millis(1000),
+        "the key went {took:?} after the server came back"
+    );
+}
+
 /// Waiters that give up leave the queue: one whose 500 ms wait runs out has removed its key by
 /// the time `Timeout` returns; one whose acquire future is dropped and one whose task is
 /// aborted have removed theirs within 2 s. The
