@@ -3,7 +3,9 @@
 //! busy answer and the waiter's flag, the fence floor, and the release notification (only when
 //! flagged). Also what an uncontended acquire and release cost in Redis commands.
 
-use dlock_tests::{AcquireExt, RedisServer, fence_key, lock_key, released_channel};
+use dlock_tests::{
+    AcquireExt, RedisServer, fence_key, lock_key, redis_with_runtime, released_channel,
+};
 use std::time::Duration;
 
 use redis::Script;
@@ -281,12 +283,7 @@ async fn uncontended_acquire_and_release_cost_at_most_five_commands() {
 /// pushed the counter itself pushes it on its first acquisition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquisitions_soon_after_a_push_leave_the_counters_expiry_alone() {
-    let server = RedisServer::start();
-    let rt = dlock_runtime::Runtime::builder()
-        .redis(server.url())
-        .build()
-        .await
-        .expect("runtime");
+    let (server, rt) = redis_with_runtime().await;
     let lease = Duration::from_secs(10);
     rt.lock("spared").lease(lease).cycled("first").await;
     let pexpires = || async { server.command_calls("pexpire").await };
@@ -308,9 +305,7 @@ async fn acquisitions_soon_after_a_push_leave_the_counters_expiry_alone() {
         ttl > (lease + Duration::from_secs(540)).as_millis() as i64,
         "the counter outlives the lock by more than nine minutes: PTTL {ttl} ms"
     );
-    let other = dlock_runtime::Runtime::builder()
-        .redis(server.url())
-        .build()
+    let other = dlock_runtime::Runtime::from_url(&server.url())
         .await
         .expect("runtime");
     other

@@ -354,13 +354,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
-        // Not queued through this connection (a release from a new connection once the
-        // runtime's own is gone): the key is known by the owner token all the same.
-        let contender = self.contenders().get(owner).cloned();
-        let contender_key = match &contender {
-            Some(c) => c.key.clone(),
-            None => self.contender_key(key, owner),
-        };
+        // Named by the owner token: known also to a release from a new connection (once the
+        // runtime's own is gone), which did not queue it.
+        let contender_key = self.contender_key(key, owner);
         let ours = contender_key.as_str();
         let deleted = match self
             .bounded(Some(key), "release failed", |mut c| async move {

@@ -142,27 +142,31 @@ impl RedisBackend {
         owner: &str,
         lease: Duration,
     ) -> EngineResult<Attempt> {
-        let lock = self.names.lock(key);
-        let cmd = redis::cmd("SET")
-            .arg(&*lock)
-            .arg(owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(millis_ceil(lease))
-            .arg("GET")
-            .clone();
+        let cmd = set_if_free(&self.names.lock(key), owner, lease);
         let mut conn = self.link.handle();
         let held: Option<String> = self
             .call(Some(key), "acquire failed", cmd.query_async(&mut conn))
             .await?;
         match held.as_deref() {
-            None => Ok(Attempt::Acquired { fence: None }),
-            Some(h) if h.strip_suffix('+').unwrap_or(h) == owner => {
-                Ok(Attempt::Acquired { fence: None })
-            }
-            Some(h) if self.reserved_for_us(h) => self.acquire_script(key, owner, lease).await,
-            Some(_) => Ok(Attempt::Busy { ttl: None }),
+            Some(held) if !is_owner(held, owner) => self.found_taken(key, owner, lease, held).await,
+            _ => Ok(Attempt::Acquired { fence: None }),
         }
+    }
+
+    /// The answer of a first attempt that found the lock holding `held`, not `owner`'s: a
+    /// reservation for this runtime after another runtime's flagged release (release.lua) is
+    /// taken the way a waiter does; anything else is busy.
+    async fn found_taken(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+        held: &str,
+    ) -> EngineResult<Attempt> {
+        if self.reserved_for_us(held) {
+            return self.acquire_script(key, owner, lease).await;
+        }
+        Ok(Attempt::Busy { ttl: None })
     }
 
     /// Whether an acquisition with `lease`, sent now, needs to push the expiry of `counter`:
@@ -224,6 +228,25 @@ impl RedisBackend {
     }
 }
 
+/// `SET lock owner NX PX lease GET`: writes the lock if it is free, and answers the value it
+/// held before either way.
+fn set_if_free(lock: &str, owner: &str, lease: Duration) -> redis::Cmd {
+    redis::cmd("SET")
+        .arg(lock)
+        .arg(owner)
+        .arg("NX")
+        .arg("PX")
+        .arg(millis_ceil(lease))
+        .arg("GET")
+        .clone()
+}
+
+/// Whether the lock's value `held` is `owner`'s (a `+` appended when a waiter flagged it): a
+/// retried request of the same owner, which keeps its one hold.
+fn is_owner(held: &str, owner: &str) -> bool {
+    held.strip_suffix('+').unwrap_or(held) == owner
+}
+
 impl Backend for RedisBackend {
     /// The first attempt, plain commands in one round trip (no script): `SET lock owner NX PX
     /// lease GET`, `INCRBY counter FENCE_BLOCK`, and `PEXPIRE counter` unless this backend
@@ -242,13 +265,7 @@ impl Backend for RedisBackend {
         let sent_at = tokio::time::Instant::now();
         let push = self.counter_push_needed(&counter, lease, sent_at);
         let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(&*lock)
-            .arg(owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(millis_ceil(lease))
-            .arg("GET")
+        pipe.add_command(set_if_free(&lock, owner, lease))
             .cmd("INCRBY")
             .arg(&*counter)
             .arg(FENCE_BLOCK);
@@ -265,16 +282,8 @@ impl Backend for RedisBackend {
         if push {
             self.counter_pushed(&counter, sent_at);
         }
-        let ours = held
-            .as_deref()
-            .is_none_or(|h| h.strip_suffix('+').unwrap_or(h) == owner);
-        if !ours {
-            // Reserved after a flagged release for the runtimes other than the releaser's
-            // (release.lua): free for this one, which takes it the way a waiter does.
-            if held.as_deref().is_some_and(|h| self.reserved_for_us(h)) {
-                return self.acquire_script(key, owner, lease).await;
-            }
-            return Ok(Attempt::Busy { ttl: None });
+        if let Some(held) = held.as_deref().filter(|held| !is_owner(held, owner)) {
+            return self.found_taken(key, owner, lease, held).await;
         }
         let last = if fence < FENCE_FLOOR_MIN {
             self.run_script(&self.scripts.floor, Some(key), "acquire failed", |cmd| {
