@@ -34,6 +34,7 @@
 
 mod baselines;
 mod commandstats;
+mod cpu;
 mod options;
 mod report;
 mod stats;
@@ -52,6 +53,8 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// What every section gets: the standalone server's URL, a runtime on it, and the options.
 struct Setup {
     url: String,
+    /// The standalone server's process id (its CPU time is read by some rows).
+    server_pid: u32,
     rt: Runtime,
     options: Options,
 }
@@ -87,7 +90,12 @@ async fn main() -> Result<(), BoxError> {
     let server = start(RedisServer::start).await?;
     let url = server.url();
     let rt = Runtime::builder().redis(&url).build().await?;
-    let setup = Setup { url, rt, options };
+    let setup = Setup {
+        url,
+        server_pid: server.pid(),
+        rt,
+        options,
+    };
 
     // Warm up connections, scripts and the allocator.
     sequential::lock_pairs(&setup.rt, 500).await?;

@@ -19,10 +19,10 @@ pub(crate) mod worker;
 
 use std::time::{Duration, Instant};
 
-use crate::commandstats;
 use crate::report::Row;
 use crate::stats::{p50, ratio, sorted, times, us};
 use crate::{BoxError, Setup, baselines};
+use crate::{commandstats, cpu};
 use contender::{Contender, Kind};
 use referee::{Outcome, Referee};
 
@@ -41,8 +41,8 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     let mut rows = vec![
         sequential_row(url, &both, 10 * scale).await?,
         commands_row(url, &both, 250 * scale).await?,
-        distinct_keys_row(&both, 64, 250 * scale).await?,
     ];
+    rows.extend(distinct_keys_row(&both, setup.server_pid, 64, 250 * scale).await?);
     let target = 1500 * scale as u64;
     let mut in_process = Vec::new();
     for contender in &both {
@@ -122,12 +122,17 @@ async fn commands_row(url: &str, both: &[Contender; 2], n: usize) -> Result<Row,
 /// rounds of half the pairs, so drift hits both alike.
 async fn distinct_keys_row(
     both: &[Contender; 2],
+    server_pid: u32,
     tasks: usize,
     per_task: usize,
-) -> Result<Row, BoxError> {
+) -> Result<Vec<Row>, BoxError> {
     let mut spent = [Duration::ZERO; 2];
+    // CPU time of this process and of the server, for each contender.
+    let mut client_cpu = [Duration::ZERO; 2];
+    let mut server_cpu = [Duration::ZERO; 2];
     for _ in 0..2 {
-        for (contender, spent) in both.iter().zip(&mut spent) {
+        for (i, (contender, spent)) in both.iter().zip(&mut spent).enumerate() {
+            let (client0, server0) = (cpu::used(None)?, cpu::used(Some(server_pid))?);
             let t = Instant::now();
             let mut set = tokio::task::JoinSet::new();
             for k in 0..tasks {
@@ -144,16 +149,40 @@ async fn distinct_keys_row(
                 r??;
             }
             *spent += t.elapsed();
+            client_cpu[i] += cpu::used(None)?.saturating_sub(client0);
+            server_cpu[i] += cpu::used(Some(server_pid))?.saturating_sub(server0);
         }
     }
-    let [d, r] = spent.map(|s| (tasks * (per_task / 2) * 2) as f64 / s.as_secs_f64());
-    Ok(Row::new(
-        format!("peer: {tasks} tasks, distinct keys"),
-        format!("{d:.0} pairs/s"),
-        format!("rslock {r:.0} pairs/s"),
-        format!("{:.2}x rslock", d / r),
-        ">= 1.0x rslock",
-    ))
+    let n = (tasks * (per_task / 2) * 2) as f64;
+    let [d, r] = spent.map(|s| n / s.as_secs_f64());
+    let per_pair = |cpu: Duration| cpu.as_secs_f64() * 1e6 / n;
+    let cpu = |i: usize| {
+        format!(
+            "client {:.1} us + server {:.1} us CPU a pair",
+            per_pair(client_cpu[i]),
+            per_pair(server_cpu[i])
+        )
+    };
+    Ok(vec![
+        Row::new(
+            format!("peer: {tasks} tasks, distinct keys"),
+            format!("{d:.0} pairs/s"),
+            format!("rslock {r:.0} pairs/s"),
+            format!("{:.2}x rslock", d / r),
+            ">= 1.0x rslock",
+        ),
+        Row::new(
+            format!("peer: {tasks} tasks, distinct keys: CPU time a pair"),
+            cpu(0),
+            format!("rslock {}", cpu(1)),
+            format!(
+                "client {:.2}x, server {:.2}x rslock",
+                per_pair(client_cpu[0]) / per_pair(client_cpu[1]),
+                per_pair(server_cpu[0]) / per_pair(server_cpu[1])
+            ),
+            "",
+        ),
+    ])
 }
 
 /// `tasks` tasks of this process contending with `contender` until `target` sales.
