@@ -9,6 +9,7 @@ use tokio::runtime::Handle;
 use crate::backend::url::{EngineUrl, RUNTIME_OPTIONS};
 use crate::backend::{Context, EngineConfig, Setting};
 use crate::core::{Core, validate_lease};
+use crate::events::Observer;
 use crate::last_resort::LastResort;
 use crate::runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
 use crate::wait::WaitHub;
@@ -258,7 +259,8 @@ impl RuntimeBuilder {
                 wakeups: hub.clone(),
             })
             .await?;
-        let watchdog = Arc::new(Watchdog::default());
+        let observer = Arc::new(Observer::new(engine));
+        let watchdog = Arc::new(Watchdog::new(observer.clone()));
         handle.spawn(WaitHub::run_subscriptions(ops, Arc::downgrade(&backend)));
         handle.spawn(
             watchdog
@@ -271,6 +273,7 @@ impl RuntimeBuilder {
                 backend,
                 hub,
                 watchdog,
+                observer,
                 handle,
                 prefix: self.prefix,
                 default_lease: self.default_lease,

@@ -10,6 +10,7 @@ use tokio::task::futures::TaskLocalFuture;
 
 use crate::LockError;
 use crate::backend::{DynBackend, Released};
+use crate::events::Observer;
 use crate::last_resort::{self, LastResort};
 use crate::wait::WaitHub;
 use crate::watchdog::Watchdog;
@@ -27,6 +28,8 @@ pub(crate) struct Core {
     pub(crate) backend: Arc<dyn DynBackend>,
     pub(crate) hub: Arc<WaitHub>,
     pub(crate) watchdog: Arc<Watchdog>,
+    /// Events, metrics and tracing of its locks.
+    pub(crate) observer: Arc<Observer>,
     pub(crate) handle: Handle,
     pub(crate) prefix: String,
     pub(crate) default_lease: Duration,

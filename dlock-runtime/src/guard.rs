@@ -155,7 +155,8 @@ impl LockGuard {
             }
             Ok(Released::StillHeld) => Ok(()),
             Ok(Released::NotOwner) => {
-                tracing::warn!(key = %held.key, "release found the lock no longer ours: the lease was lost");
+                core.observer
+                    .lost(&held.key, "the release found the lock no longer ours");
                 core.hub.wake(&held.key);
                 Err(LockError::Lost {
                     key: held.key.clone(),
@@ -174,6 +175,10 @@ impl LockGuard {
                     frame.remove(&self.held);
                 }
                 self.held.end();
+                let observer = &self.held.core.observer;
+                if observer.timed() {
+                    observer.released(&self.held.key, self.held.acquired_at.elapsed());
+                }
                 if crate::handoff::pass(&self.held) {
                     self.held.mark_passed();
                     return false;

@@ -24,6 +24,8 @@ pub(crate) struct Held {
     /// One past the last fencing token reserved for this acquisition (see
     /// [`handoff`](crate::handoff)).
     pub(crate) fences_end: u64,
+    /// When its acquisition request was sent (a hand-over: when it was handed over).
+    pub(crate) acquired_at: Instant,
     /// The frame that acquired it (0: none, outside any call chain).
     frame: u64,
     holds: Mutex<Holds>,
@@ -87,7 +89,7 @@ impl Held {
             fence,
             fences_end,
             terms,
-            watchdog_id,
+            (watchdog_id, sent_at),
             lost,
         )
     }
@@ -109,7 +111,7 @@ impl Held {
             Some(baton.fence),
             baton.fences_end,
             terms,
-            baton.watchdog_id,
+            (baton.watchdog_id, Instant::now()),
             lost,
         )
     }
@@ -122,10 +124,11 @@ impl Held {
         fence: Option<u64>,
         fences_end: u64,
         terms: Terms,
-        watchdog_id: u64,
+        (watchdog_id, acquired_at): (u64, Instant),
         lost: Arc<LostSignal>,
     ) -> Arc<Self> {
         Arc::new(Self {
+            acquired_at,
             core: core.clone(),
             key,
             owner,

@@ -8,6 +8,8 @@
 //! - `tls`: `rediss://` (TLS through rustls, server certificates verified).
 //! - `etcd`: the etcd engine (`etcd://`); its client's build needs `protoc`.
 //! - `zookeeper`: the ZooKeeper engine (`zk://`).
+//! - `metrics`: acquisition and hold times, renewals, losses, timeouts and held locks through
+//!   the `metrics` facade, labelled by engine (see "Events, metrics and tracing" above).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acquire;
@@ -18,6 +20,7 @@ mod core;
 mod duration;
 mod engines;
 mod error;
+mod events;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod fenced;
@@ -46,6 +49,7 @@ pub use core::MAX_LEASE;
 #[cfg(feature = "macros")]
 pub use dlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
+pub use events::{EVENT_BUFFER, LockEvent};
 pub use guard::LockGuard;
 pub use lock::{LockBuilder, MAX_KEY_LEN, OnLost, lock, with_lock};
 pub use runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Runtime};

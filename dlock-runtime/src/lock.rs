@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::LockError;
 use crate::acquire::{FOREVER, acquire_fresh};
@@ -146,21 +147,64 @@ impl LockBuilder {
     /// Acquires from the call-chain frame `frame` (none: outside any chain). `scope` is the
     /// frame that a scoped acquisition (`with_lock`, the attribute) opens for its body: a
     /// re-entry makes it the hold's innermost user, so that concurrent branches take turns.
+    ///
+    /// Runs in the span `dlock.acquire` (fields `key`, `engine`, then `fence` and `waited_ms`
+    /// once acquired), and reports the outcome of a fresh acquisition to the runtime's
+    /// [`Observer`](crate::events::Observer); a re-entry is not an acquisition.
     async fn acquire_in(
-        self,
+        mut self,
         frame: Option<&Arc<Frame>>,
         scope: Option<u64>,
     ) -> Result<LockGuard, LockError> {
-        let core = match self.rt {
+        let core = match self.rt.take() {
             Some(core) => core,
             None => crate::core::current()?,
         };
+        let span = tracing::info_span!(
+            "dlock.acquire",
+            key = %self.key,
+            engine = core.engine,
+            fence = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let outcome = self
+            .acquire_from(&core, frame, scope, started)
+            .instrument(span.clone())
+            .await;
+        let observer = &core.observer;
+        match &outcome {
+            Ok(guard) if guard.is_first() => {
+                if observer.timed() || !span.is_disabled() {
+                    let waited = started.elapsed();
+                    let fence = guard.fence();
+                    if let Some(fence) = fence {
+                        span.record("fence", fence);
+                    }
+                    span.record("waited_ms", waited.as_millis() as u64);
+                    observer.acquired(guard.key(), fence, waited);
+                }
+            }
+            Ok(_) => {}
+            Err(LockError::Timeout { key, waited }) => observer.timed_out(key, *waited),
+            Err(_) => observer.failed(started.elapsed()),
+        }
+        outcome
+    }
+
+    /// [`acquire_in`](Self::acquire_in) in `core`, started at `started`.
+    async fn acquire_from(
+        self,
+        core: &Arc<Core>,
+        frame: Option<&Arc<Frame>>,
+        scope: Option<u64>,
+        started: Instant,
+    ) -> Result<LockGuard, LockError> {
         validate_key(&self.key)?;
         let lease = self.lease.unwrap_or(core.default_lease);
         validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
         core.backend.lease_margin(lease)?;
         let wait = self.wait.unwrap_or(core.default_wait);
-        let started = Instant::now();
         let deadline = started + wait.min(FOREVER);
 
         if let Some(frame) = frame
@@ -177,7 +221,7 @@ impl LockBuilder {
             renew: self.watchdog,
             frame: user,
         };
-        let held = acquire_fresh(&core, self.key, terms, wait).await?;
+        let held = acquire_fresh(core, self.key, terms, wait).await?;
         // A scoped acquisition's frame is made around the hold by the caller.
         let frame = match scope {
             Some(_) => None,
@@ -297,7 +341,14 @@ pub(crate) async fn protected<T>(
     let guard = lock.acquire_in(parent.as_ref(), Some(scope)).await?;
     let first = guard.is_first();
     let fresh = first.then(|| guard.held().clone());
-    let fut = enter(Scope::new(scope, parent, fresh), fut);
+    // The body runs in the span `dlock.held` (a sibling of `dlock.acquire`, which has ended).
+    let held_span = tracing::info_span!(
+        "dlock.held",
+        key = %guard.key(),
+        engine = guard.held().core.engine,
+        fence = guard.fence(),
+    );
+    let fut = enter(Scope::new(scope, parent, fresh), fut).instrument(held_span);
     let out = match on_lost {
         // A fresh hold's validity was checked on the clock when it was registered, in this
         // same poll: the body's first step needs no second reading.

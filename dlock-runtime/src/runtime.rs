@@ -165,6 +165,31 @@ impl Runtime {
         self.core.engine
     }
 
+    /// A receiver of what happens to this runtime's locks from now on: acquired (with fence
+    /// and wait), renewed, renewal failed, lost, released (with the hold time), timed out.
+    ///
+    /// Locking never waits for a receiver: one that falls more than [`EVENT_BUFFER`] events
+    /// behind loses the oldest, and its next `recv` says how many
+    /// ([`RecvError::Lagged`](tokio::sync::broadcast::error::RecvError::Lagged)). Until the
+    /// first call, no event is built at all.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// use dlock_runtime::{LockEvent, Runtime};
+    /// let rt = Runtime::from_url("memory://").await?;
+    /// let mut events = rt.events();
+    /// rt.lock("report").acquire().await?.release().await?;
+    /// assert!(matches!(events.recv().await, Ok(LockEvent::Acquired { .. })));
+    /// assert!(matches!(events.recv().await, Ok(LockEvent::Released { .. })));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`EVENT_BUFFER`]: crate::EVENT_BUFFER
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<crate::LockEvent> {
+        self.core.observer.subscribe()
+    }
+
     /// Number of locks this runtime holds now (tracked by its watchdog).
     pub fn held_count(&self) -> usize {
         self.core.watchdog.len()

@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{DynBackend, Renewal};
+use crate::events::Observer;
 pub(crate) use crate::lost::LostSignal;
 
 #[derive(Debug)]
@@ -60,11 +61,13 @@ struct State {
 }
 
 /// The renewal scheduler of one runtime.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Watchdog {
     state: Mutex<State>,
     wake: Notify,
     closed: AtomicBool,
+    /// Told of every renewal, failed renewal and loss.
+    observer: Arc<Observer>,
 }
 
 /// How early a renewal may go out to join a batch: a twelfth of the lease, so at most about
@@ -89,6 +92,15 @@ struct Collected {
 }
 
 impl Watchdog {
+    pub(crate) fn new(observer: Arc<Observer>) -> Self {
+        Self {
+            state: Mutex::default(),
+            wake: Notify::new(),
+            closed: AtomicBool::new(false),
+            observer,
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // Every critical section leaves `State` consistent; a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -172,8 +184,11 @@ impl Watchdog {
         state.entries.retain(|&id, e| {
             if now >= e.valid_until {
                 if e.renew {
-                    tracing::warn!(key = %e.key, "lease lost: no confirmed renewal before it ran out");
+                    self.observer
+                        .lost(&e.key, "no confirmed renewal before it ran out");
                 } else {
+                    self.observer
+                        .lost(&e.key, "the hard-capped lease ran out while held");
                     capped.push(Renewal {
                         key: e.key.clone(),
                         owner: e.owner.clone(),
@@ -225,12 +240,14 @@ impl Watchdog {
             entry.in_flight = false;
             match outcome.as_ref().map(|r| r.get(i).copied().flatten()) {
                 Ok(Some(true)) => {
+                    self.observer.renewed(&entry.key);
                     entry.valid_until = sent_at + entry.effective();
                     entry.due = sent_at + entry.effective() / 3;
                     entry.lost.set_valid_until(entry.valid_until);
                 }
                 Ok(Some(false)) => {
-                    tracing::warn!(key = %entry.key, "lease lost: the engine says the lock is no longer ours");
+                    self.observer
+                        .lost(&entry.key, "the engine says the lock is no longer ours");
                     entry.lost.fire();
                     state.entries.remove(id);
                 }
@@ -242,10 +259,13 @@ impl Watchdog {
                     let valid_for = entry.valid_until.saturating_duration_since(now);
                     match &outcome {
                         Err(err) => {
-                            tracing::warn!(key = %entry.key, error = %err, ?retry_in, ?valid_for, "renewal failed; retrying")
+                            tracing::warn!(key = %entry.key, error = %err, ?retry_in, ?valid_for, "renewal failed; retrying");
+                            self.observer.renewal_failed(&entry.key, || err.to_string());
                         }
                         Ok(_) => {
-                            tracing::warn!(key = %entry.key, ?retry_in, ?valid_for, "renewal failed: too few nodes answered; retrying")
+                            tracing::warn!(key = %entry.key, ?retry_in, ?valid_for, "renewal failed: too few nodes answered; retrying");
+                            self.observer
+                                .renewal_failed(&entry.key, || "too few nodes answered".to_owned());
                         }
                     }
                     entry.due = now + retry_in;

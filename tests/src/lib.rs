@@ -133,8 +133,28 @@ pub async fn redis_with_runtime() -> (RedisServer, Runtime) {
 /// A fresh `redis-server` and a runtime on it whose requests time out after `timeout`.
 pub async fn redis_with_timeout(timeout: Duration) -> (RedisServer, Runtime) {
     let server = RedisServer::start();
-    let rt = Runtime::builder().redis(server.url()).timeout(timeout);
-    (server, rt.built().await)
+    let rt = runtime_with_timeout(&server, timeout).await;
+    (server, rt)
+}
+
+/// A runtime on `server` whose requests time out after `timeout`.
+pub async fn runtime_with_timeout(server: &RedisServer, timeout: Duration) -> Runtime {
+    Runtime::builder()
+        .redis(server.url())
+        .timeout(timeout)
+        .built()
+        .await
+}
+
+/// Stops `server` (SIGSTOP) until `guard`, held on it, is lost; resumes it whatever happened.
+/// Panics unless the loss is seen within `within`.
+pub async fn lost_while_paused(server: &mut RedisServer, guard: &LockGuard, within: Duration) {
+    server.pause();
+    let lost = tokio::time::timeout(within, guard.lost()).await;
+    server.resume();
+    lost.unwrap_or_else(|_| {
+        panic!("the lock was not lost within {within:?} of pausing the server")
+    });
 }
 
 /// Takes `key` on `rt` with a 1 s lease and holds it for `period`: every 100 ms the lock hash on

@@ -5,7 +5,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::{Attempt, Backend, DynBackend, EngineResult};
 
 async fn setup() -> (Arc<Watchdog>, Arc<dyn DynBackend>) {
-    let wd = Arc::new(Watchdog::default());
+    let wd = Arc::new(Watchdog::new(Arc::new(Observer::new("memory"))));
     let backend: Arc<dyn DynBackend> = Arc::new(MemoryBackend::new());
     let weak = Arc::downgrade(&backend);
     tokio::spawn(wd.clone().run(weak, 512));
@@ -91,7 +91,7 @@ impl Backend for Counting {
 
 #[tokio::test(start_paused = true)]
 async fn batches_locks_due_together() {
-    let wd = Arc::new(Watchdog::default());
+    let wd = Arc::new(Watchdog::new(Arc::new(Observer::new("memory"))));
     let counting = Arc::new(Counting {
         inner: MemoryBackend::new(),
         calls: Default::default(),
@@ -130,7 +130,7 @@ async fn batches_locks_due_together() {
 
 #[tokio::test(start_paused = true)]
 async fn unreachable_engine_is_lost_when_the_lease_runs_out_not_before() {
-    let wd = Arc::new(Watchdog::default());
+    let wd = Arc::new(Watchdog::new(Arc::new(Observer::new("memory"))));
     let failing = Arc::new(Counting {
         inner: MemoryBackend::new(),
         calls: Default::default(),

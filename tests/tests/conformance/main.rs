@@ -16,6 +16,7 @@
 //! fail over a Cluster shard, Redis layout) stay in the engine's own test file.
 
 mod config;
+mod events;
 mod exclusion;
 mod exit_paths;
 mod faults;
@@ -73,7 +74,8 @@ conformance!(
     reentrancy::concurrent_branches_of_a_chain_are_different_owners,
     reentrancy::reentrant_guard_kept_past_its_chain_is_lost,
     config::bad_configuration_is_invalid_config,
-    config::keys_over_the_limit_are_invalid_and_at_the_limit_work;
+    config::keys_over_the_limit_are_invalid_and_at_the_limit_work,
+    events::events_tell_acquired_renewed_timeout_lost_and_released;
 
     // The memory engine lives inside its runtime: it cannot be killed or restarted while the
     // runtime holds a lock (a process crash takes the holder with it), so the engine-down
