@@ -7,6 +7,11 @@
 //! renewals go on) and a lost signal of its own. A sale on a hot key then costs the critical
 //! section's own round trips and nothing for the lock.
 //!
+//! The next head may not have taken its place yet when the hold ends (its turn was granted
+//! but its task not polled yet: a holder that releases at once): the hold is then parked in
+//! the slot for it, under the hub's lock, so that the last waiter leaving the queue finds and
+//! releases a hold nobody will take ([`strand`]), and a head asking other terms releases it.
+//!
 //! Bounded by the block: once its tokens are used up, the lock is released in the engine,
 //! where waiters of other processes get their turn (Redis reserves a flagged release for
 //! them, see `lua/release.lua`). Every holder still gets a token above every earlier holder's:
@@ -22,8 +27,8 @@ use crate::held::{Held, Terms};
 use crate::wait::KeyQueue;
 
 /// A hold on its way from one holder to the next.
-#[derive(Debug)]
 pub(crate) struct Baton {
+    core: Arc<Core>,
     pub(crate) owner: String,
     /// The next holder's fencing token.
     pub(crate) fence: u64,
@@ -33,10 +38,32 @@ pub(crate) struct Baton {
     lease: Duration,
 }
 
+impl std::fmt::Debug for Baton {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Baton")
+            .field("fence", &self.fence)
+            .field("fences_end", &self.fences_end)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Who heads a queue, as far as hand-overs go.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum HeadTerms {
+    /// Nobody yet: a hold may be parked for the next head, which checks its terms.
+    #[default]
+    Vacant,
+    /// A head whose lease (this long) is renewed: it takes holds with the same lease.
+    Renewed(Duration),
+    /// A head that takes no hand-over (its lease is a hard cap).
+    None,
+}
+
 /// A queue's head waiter (its terms) and the hold handed to it, if any.
 #[derive(Debug, Default)]
 pub(crate) struct Slot {
-    head: Option<Duration>,
+    head: HeadTerms,
     baton: Option<Baton>,
 }
 
@@ -53,17 +80,34 @@ pub(crate) fn pass(held: &Held) -> bool {
     if next >= held.fences_end {
         return false;
     }
-    let Some(queue) = held.core.hub.queue(&held.key) else {
-        return false;
-    };
     let baton = Baton {
+        core: held.core.clone(),
         owner: held.owner.clone(),
         fence: next,
         fences_end: held.fences_end,
         watchdog_id: held.watchdog_id,
         lease: held.terms.lease,
     };
-    queue.offer(baton)
+    // Under the hub's lock: the last waiter cannot leave between finding the queue and
+    // parking the hold in it (see `strand`).
+    held.core
+        .hub
+        .with_queue(&held.key, |queue| queue.offer(baton))
+        .unwrap_or(false)
+}
+
+/// Releases a hold of `key` nobody will take: its watchdog entry ends and the engine is told.
+fn release(key: &str, baton: Baton) {
+    baton.core.watchdog.unregister(baton.watchdog_id);
+    release_in_background(baton.core, key.to_owned(), baton.owner);
+}
+
+/// The last waiter left `queue` (now out of the hub): a hold parked there is released.
+pub(crate) fn strand(queue: &KeyQueue) {
+    let parked = queue.slot().baton.take();
+    if let Some(baton) = parked {
+        release(&queue.key, baton);
+    }
 }
 
 impl KeyQueue {
@@ -72,10 +116,16 @@ impl KeyQueue {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Gives `baton` to the head waiter if it waits with the same terms and has none yet.
+    /// Gives `baton` to the head waiter if it waits with the same terms and has none yet, or
+    /// parks it for the next head if there is none yet. Called under the hub's lock.
     fn offer(&self, baton: Baton) -> bool {
         let mut slot = self.slot();
-        if slot.head != Some(baton.lease) || slot.baton.is_some() {
+        let fits = match slot.head {
+            HeadTerms::Vacant => true,
+            HeadTerms::Renewed(lease) => lease == baton.lease,
+            HeadTerms::None => false,
+        };
+        if !fits || slot.baton.is_some() {
             return false;
         }
         slot.baton = Some(baton);
@@ -95,10 +145,23 @@ pub(crate) struct Head<'a> {
 
 impl<'a> Head<'a> {
     /// Registers the head waiter of `queue`, which asks for `terms`. Only renewed leases are
-    /// handed over.
+    /// handed over: a hold parked for this head with other terms is released.
     pub(crate) fn new(core: &'a Arc<Core>, queue: &'a KeyQueue, terms: Terms) -> Self {
-        if terms.renew {
-            queue.slot().head = Some(terms.lease);
+        let unfit = {
+            let mut slot = queue.slot();
+            slot.head = if terms.renew {
+                HeadTerms::Renewed(terms.lease)
+            } else {
+                HeadTerms::None
+            };
+            let fits = slot
+                .baton
+                .as_ref()
+                .is_none_or(|b| slot.head == HeadTerms::Renewed(b.lease));
+            if fits { None } else { slot.baton.take() }
+        };
+        if let Some(baton) = unfit {
+            release(&queue.key, baton);
         }
         Self { core, queue }
     }
@@ -121,12 +184,11 @@ impl Drop for Head<'_> {
     fn drop(&mut self) {
         let stranded = {
             let mut slot = self.queue.slot();
-            slot.head = None;
+            slot.head = HeadTerms::Vacant;
             slot.baton.take()
         };
         if let Some(baton) = stranded {
-            self.core.watchdog.unregister(baton.watchdog_id);
-            release_in_background(self.core.clone(), self.queue.key.clone(), baton.owner);
+            release(&self.queue.key, baton);
         }
     }
 }

@@ -102,9 +102,10 @@ impl WaitHub {
         self.queues().contains_key(key)
     }
 
-    /// The local queue of `key`, if anybody waits.
-    pub(crate) fn queue(&self, key: &str) -> Option<Arc<KeyQueue>> {
-        self.queues().get(key).map(|(queue, _)| queue.clone())
+    /// Runs `f` on the local queue of `key`, if anybody waits, under the hub's lock: no waiter
+    /// joins or leaves meanwhile.
+    pub(crate) fn with_queue<T>(&self, key: &str, f: impl FnOnce(&KeyQueue) -> T) -> Option<T> {
+        self.queues().get(key).map(|(queue, _)| f(queue))
     }
 
     /// Joins the local queue of `key`.
@@ -266,6 +267,8 @@ impl Drop for Ticket {
         if last {
             queues.remove(&self.queue.key);
             drop(queues);
+            // A hold parked for a next head that will never come.
+            crate::handoff::strand(&self.queue);
             // Sent even when not watched: ordered after any Watch of this queue, so the task
             // decides with the final `watched` state.
             let _ = self.hub.ops.send(SubOp::Done(self.queue.clone()));

@@ -15,13 +15,15 @@ use dlock_tests::{
 
 const LEASE: Duration = Duration::from_secs(10);
 
+/// How long the contending tasks hold the lock, unless a test says otherwise.
+const HOLD: Duration = Duration::from_millis(1);
+
 /// `tasks` tasks of `rt`, each acquiring `key` `each` times (holding it for an await of
-/// 1 ms); the fences in the order the holders got them, tagged with `tag`.
+/// `hold`, none if zero); the fences in the order the holders got them, tagged with `tag`.
 async fn contend(
     rt: &Runtime,
     key: &'static str,
-    tasks: usize,
-    each: usize,
+    (tasks, each, hold): (usize, usize, Duration),
     tag: usize,
     order: &Arc<Mutex<Vec<(usize, u64)>>>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
@@ -33,7 +35,9 @@ async fn contend(
                     let guard = rt.hold_within(key, LEASE, Duration::from_secs(60)).await;
                     let fence = guard.fence().expect("a Redis lock has a fence");
                     order.lock().unwrap().push((tag, fence));
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if !hold.is_zero() {
+                        tokio::time::sleep(hold).await;
+                    }
                     guard.release().await.expect("release");
                 }
             })
@@ -63,7 +67,7 @@ async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let before = server.set_calls().await;
     let published_before = server.command_calls("publish").await;
-    let tasks = contend(&rt, "handoff:hot", TASKS, EACH, 0, &order).await;
+    let tasks = contend(&rt, "handoff:hot", (TASKS, EACH, HOLD), 0, &order).await;
     finish_within(tasks, Duration::from_secs(60)).await;
     let attempts = server.set_calls().await - before;
     let published = server.command_calls("publish").await - published_before;
@@ -84,6 +88,46 @@ async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
         attempts * 3 < acquisitions,
         "{attempts} attempts in Redis for {acquisitions} acquisitions: the lock was not handed \
          over within the runtime"
+    );
+}
+
+/// Holders that release at once (nothing awaited between acquire and release): the waiter
+/// next in line has often not taken its place at the head of the queue yet (its turn was
+/// granted, its task not polled). The hold is parked for it, so the lock still passes without
+/// a round trip until its block of fences is used up: about one attempt in Redis per block.
+/// Without the parking each such release went to Redis and the next holder took the key
+/// with an attempt of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_releasing_at_once_still_hand_over_until_the_block_is_used_up() {
+    let (server, rt) = redis_with_runtime().await;
+    const TASKS: usize = 16;
+    const EACH: usize = 40;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let before = server.set_calls().await;
+    let tasks = contend(
+        &rt,
+        "handoff:at-once",
+        (TASKS, EACH, Duration::ZERO),
+        0,
+        &order,
+    )
+    .await;
+    finish_within(tasks, Duration::from_secs(60)).await;
+    let attempts = server.set_calls().await - before;
+    let order = order.lock().unwrap().clone();
+    let acquisitions = order.len() as u64;
+    assert_eq!(acquisitions, (TASKS * EACH) as u64);
+    assert_increasing(&order);
+    let blocks = acquisitions.div_ceil(FENCE_BLOCK);
+    println!(
+        "{acquisitions} acquisitions, {blocks} blocks of fences: {attempts} attempts in Redis"
+    );
+    // About one attempt per block, plus the first attempts of tasks that started before
+    // anybody queued and a few while the queue formed (68 seen; 656 without the parking).
+    assert!(
+        attempts <= 2 * blocks + TASKS as u64,
+        "{attempts} attempts in Redis for {acquisitions} acquisitions ({blocks} blocks): \
+         releases went to Redis although a waiter of the runtime was next in line"
     );
 }
 
@@ -147,8 +191,8 @@ async fn hot_key_in_two_runtimes_is_shared_between_them() {
     const TASKS: usize = 8;
     const EACH: usize = 25;
     let order = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = contend(&a, "handoff:shared", TASKS, EACH, 0, &order).await;
-    tasks.extend(contend(&b, "handoff:shared", TASKS, EACH, 1, &order).await);
+    let mut tasks = contend(&a, "handoff:shared", (TASKS, EACH, HOLD), 0, &order).await;
+    tasks.extend(contend(&b, "handoff:shared", (TASKS, EACH, HOLD), 1, &order).await);
     // Stop counting when the first runtime is done: from then on the other has the key alone.
     let first_done = {
         let order = order.clone();
@@ -241,6 +285,107 @@ async fn lock_handed_to_a_waiter_cancelled_before_it_took_it_is_released() {
     assert!(
         took < Duration::from_secs(2),
         "the key stayed locked {took:?} after the waiter it was handed to was cancelled"
+    );
+    guard.release().await.expect("release");
+}
+
+/// Two waiters behind a holder, in one runtime: the first, handed the lock, releases it at once
+/// and, in the same step, cancels the second, whose turn its leaving had just granted but
+/// which never ran again. The hold parked for the second (it had not taken its place at the
+/// head yet) is released when it leaves the queue: the key is free in Redis and nothing is
+/// renewed any more. (A current-thread runtime: the test decides what runs when.)
+#[tokio::test]
+async fn hold_parked_for_a_waiter_that_leaves_before_heading_the_queue_is_released() {
+    let (server, rt) = redis_with_runtime().await;
+    let key = "handoff:parked-abandoned";
+    let holder = rt.lock(key).lease(LEASE).held("holder").await;
+    let second_slot = Arc::new(Mutex::new(None::<tokio::task::AbortHandle>));
+    let first = tokio::spawn({
+        let (rt, second_slot) = (rt.clone(), second_slot.clone());
+        async move {
+            let guard = rt.hold_within(key, LEASE, Duration::from_secs(30)).await;
+            guard
+                .release()
+                .await
+                .expect("release: parked for the next head");
+            let second = second_slot
+                .lock()
+                .unwrap()
+                .take()
+                .expect("the second waiter");
+            second.abort();
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = tokio::spawn({
+        let rt = rt.clone();
+        async move {
+            let _guard = rt.hold_within(key, LEASE, Duration::from_secs(30)).await;
+            panic!("the second waiter was cancelled before it could run again");
+        }
+    });
+    *second_slot.lock().unwrap() = Some(second.abort_handle());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder
+        .release()
+        .await
+        .expect("release: handed to the first");
+    first.await.expect("the first waiter");
+    assert!(second.await.expect_err("aborted").is_cancelled());
+    let freed = dlock_tests::eventually(
+        Duration::from_secs(2),
+        "the parked hold released",
+        || async { !server.exists(&lock_key(key)).await },
+    )
+    .await;
+    println!("the parked hold was released {freed:?} after its last waiter left");
+    assert_eq!(rt.held_count(), 0, "the parked hold is still renewed");
+}
+
+/// A hold parked for the next head (the holder released before it took its place) is not
+/// given to a head that asks for another lease: it is released, and that head acquires with
+/// its own lease. (A current-thread runtime: the test decides what runs when.)
+#[tokio::test]
+async fn hold_parked_for_a_head_asking_another_lease_is_released_not_handed() {
+    let (server, rt) = redis_with_runtime().await;
+    let key = "handoff:parked-other-terms";
+    let short = Duration::from_secs(2);
+    let holder = rt.lock(key).lease(LEASE).held("holder").await;
+    let first = tokio::spawn({
+        let rt = rt.clone();
+        async move {
+            let guard = rt.hold_within(key, LEASE, Duration::from_secs(30)).await;
+            guard
+                .release()
+                .await
+                .expect("release: parked for the next head");
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = tokio::spawn({
+        let rt = rt.clone();
+        async move { rt.hold_within(key, short, Duration::from_secs(30)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder
+        .release()
+        .await
+        .expect("release: handed to the first");
+    first.await.expect("the first waiter");
+    let guard = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second waiter acquires")
+        .expect("the second waiter");
+    let pttl = server.pttl(&lock_key(key)).await;
+    assert!(
+        0 < pttl && pttl <= short.as_millis() as i64,
+        "the key's TTL is {pttl} ms: the second holder got a hold with the {LEASE:?} lease \
+         instead of its own {short:?}"
+    );
+    assert_eq!(
+        rt.held_count(),
+        1,
+        "a hold besides the second holder's is tracked"
     );
     guard.release().await.expect("release");
 }

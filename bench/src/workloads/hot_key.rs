@@ -109,6 +109,16 @@ pub(crate) async fn run(
         .query_async(&mut stats_conn)
         .await?;
     let sold = sold.load(Ordering::Acquire);
+    if std::env::var_os("DLOCK_BENCH_SHOW_COMMANDS").is_some() {
+        let mut names: Vec<_> = after.keys().collect();
+        names.sort();
+        for name in names {
+            let n = after[name] - before.get(name).copied().unwrap_or(0);
+            if n > 0 {
+                eprintln!("{name}: {n} ({:.3} a sale)", n as f64 / sold as f64);
+            }
+        }
+    }
     let client = commandstats::delta(&before, &after, CLIENT_COMMANDS) as f64;
     let all = commandstats::delta_all(&before, &after) as f64;
     Ok(HotKey {
