@@ -2,6 +2,10 @@
 //! show, force-unlock, JSON, exit statuses, passwords) and ZooKeeper (the same commands, and
 //! `watch`), with locks held by a runtime of this test standing for another process.
 
+// Test code: a panic is how a check fails (as in the `tests` package, whose lints leave these
+// out).
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
