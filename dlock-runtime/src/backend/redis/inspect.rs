@@ -151,8 +151,12 @@ impl RedisBackend {
                     let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                         Route::new(slot, SlotAddr::Master),
                     ));
+                    // A server error comes back as a value here: made an error again, so
+                    // that an ACL refusal is explained like any other.
                     let reply: Value = self
-                        .call(None, "lock scan failed", conn.route_command(cmd, route))
+                        .call(None, "lock scan failed", async {
+                            conn.route_command(cmd, route).await?.extract_error()
+                        })
                         .await?;
                     redis::from_redis_value(reply).map_err(|e| {
                         LockError::backend(None, format!("lock scan failed: {e}"), None)
