@@ -201,8 +201,21 @@ impl RuntimeBuilder {
     }
 
     /// Applies a URL (see [`Runtime::from_url`]): the runtime's options from its query, the
-    /// rest to the engine its scheme names.
-    pub(crate) fn url(mut self, url: &str) -> Result<Self, LockError> {
+    /// rest to the engine its scheme names. Builder methods called afterwards override what
+    /// the URL set. A bad URL is [`LockError::InvalidConfig`] (its password redacted).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// let rt = dlock_runtime::Runtime::builder()
+    ///     .url("memory://?prefix=app:")?
+    ///     .key_prefix("ops:")
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(rt.key_prefix(), "ops:");
+    /// # Ok(()) }
+    /// ```
+    pub fn url(mut self, url: &str) -> Result<Self, LockError> {
         let mut parsed = EngineUrl::parse(url)?;
         let shown = parsed.url.clone();
         for (name, value) in parsed.take_options(&RUNTIME_OPTIONS) {

@@ -235,7 +235,7 @@ impl LockBuilder {
 }
 
 /// Checks a key before any I/O.
-fn validate_key(key: &str) -> Result<(), LockError> {
+pub(crate) fn validate_key(key: &str) -> Result<(), LockError> {
     if key.is_empty() {
         return Err(LockError::config("lock key is empty"));
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::core::Core;
 use crate::lock::LockBuilder;
-use crate::{LockError, RuntimeBuilder};
+use crate::{LockError, LockInfo, MAX_KEY_LEN, RuntimeBuilder};
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "dlock:";
@@ -152,6 +152,56 @@ impl Runtime {
     /// critical section on it).
     pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
         self.core.backend.is_locked(key).await
+    }
+
+    /// The lock on `key` as the engine shows it now: holder (redacted), TTL left, hold count,
+    /// fence; `None` when nobody holds it (a waiter queued on etcd or ZooKeeper, or a key
+    /// reserved for a moment after a release on Redis, is not a holder). A snapshot for
+    /// operators (the `dlock` command line) and monitoring; see [`LockInfo`] for what each
+    /// engine can show. An empty key or one longer than [`MAX_KEY_LEN`] is
+    /// [`LockError::InvalidConfig`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+    /// assert!(rt.inspect("stock:42").await?.is_none());
+    /// let guard = rt.lock("stock:42").acquire().await?;
+    /// let info = rt.inspect("stock:42").await?.expect("held");
+    /// assert_eq!((info.key.as_str(), info.holds, info.fence), ("stock:42", 1, guard.fence()));
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        crate::lock::validate_key(key)?;
+        self.core.backend.inspect(key).await
+    }
+
+    /// Every lock held now whose key starts with `prefix` (`""`: all of this runtime's key
+    /// prefix), sorted by key, as [`Runtime::inspect`] shows each. Redis reads them with
+    /// `SCAN` (on Cluster on every master), never `KEYS`; etcd with one range read; ZooKeeper
+    /// lists the key nodes. A prefix longer than [`MAX_KEY_LEN`] is
+    /// [`LockError::InvalidConfig`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+    /// let _b = rt.lock("stock:2").acquire().await?;
+    /// let _a = rt.lock("stock:1").acquire().await?;
+    /// let _other = rt.lock("cart:1").acquire().await?;
+    /// let keys: Vec<String> = rt.list("stock:").await?.into_iter().map(|i| i.key).collect();
+    /// assert_eq!(keys, ["stock:1", "stock:2"]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
+        if prefix.len() > MAX_KEY_LEN {
+            return Err(LockError::config(format!(
+                "key prefix of {} bytes is longer than the maximum key length of {MAX_KEY_LEN} bytes",
+                prefix.len()
+            )));
+        }
+        let found = self.core.backend.list(prefix).await?;
+        Ok(crate::inspect::settle_listing(found, prefix))
     }
 
     /// The prefix put in front of every key in the engine.

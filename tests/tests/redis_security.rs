@@ -278,6 +278,10 @@ async fn lock_renew_release_and_wait(rt: &Runtime, other: &Runtime, key: &str) {
             .await
             .expect("is_locked as the ACL user")
     );
+    let shown = other.inspect(key).await.expect("inspect as the ACL user");
+    assert_eq!(shown.map(|info| info.key).as_deref(), Some(key));
+    let listed = other.list(key).await.expect("list (SCAN) as the ACL user");
+    assert_eq!(listed.len(), 1, "{listed:?}");
     let waiter = other
         .lock(key)
         .lease(Duration::from_secs(30))
@@ -310,7 +314,7 @@ async fn lock_renew_release_and_wait(rt: &Runtime, other: &Runtime, key: &str) {
 
 /// The least-privilege ACL of the README (commands, `~dlock:*`, `&dlock:*`) is enough for
 /// everything a lock does on one server: acquire, renew, release, wait by notification,
-/// `is_locked`, `force_unlock`; and the server refused nothing meanwhile (`ACL LOG` empty).
+/// `is_locked`, `inspect`, `list`, `force_unlock`; and the server refused nothing meanwhile (`ACL LOG` empty).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_privilege_acl_user_locks_renews_releases_and_waits() {
     let server = RedisServer::start();

@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::LockError;
+use crate::{LockError, LockInfo};
 
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
@@ -273,6 +273,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Whether anybody holds the key now.
     fn is_locked(&self, key: &str) -> impl Future<Output = Result<bool, LockError>> + Send;
 
+    /// The holder of `key` now, read from the engine's layout (`<engine>/inspect.rs`), or
+    /// `None` when nobody holds it (a waiter in a queue, a Redis reservation, or a value the
+    /// runtime did not write is not a holder).
+    fn inspect(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<LockInfo>, LockError>> + Send;
+
+    /// Every lock held now whose key starts with `prefix`, in any order (the runtime sorts
+    /// them); as [`Backend::inspect`] for each.
+    fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<LockInfo>, LockError>> + Send;
+
     /// Starts delivering "may be free" notifications for `key` to [`Context::wakeups`].
     /// Resolves once notifications flow (a release after this point is not missed). Engines
     /// without notifications (in-process, or queued) have nothing to do.
@@ -354,6 +366,8 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Released, LockError>>;
     fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
     fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>>;
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>>;
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
     fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
     /// `None` when the engine has no queue of its own (the runtime waits itself).
@@ -409,6 +423,14 @@ impl<B: Backend> DynBackend for B {
 
     fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(Backend::is_locked(self, key))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
+        Box::pin(Backend::inspect(self, key))
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
+        Box::pin(Backend::list(self, prefix))
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {

@@ -87,6 +87,14 @@ impl Backend for Counting {
     async fn is_locked(&self, key: &str) -> Result<bool, crate::LockError> {
         Backend::is_locked(&self.inner, key).await
     }
+
+    async fn inspect(&self, key: &str) -> Result<Option<crate::LockInfo>, crate::LockError> {
+        Backend::inspect(&self.inner, key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<crate::LockInfo>, crate::LockError> {
+        Backend::list(&self.inner, prefix).await
+    }
 }
 
 #[tokio::test(start_paused = true)]

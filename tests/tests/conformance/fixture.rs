@@ -7,7 +7,7 @@ use dlock_runtime::testing::zookeeper_segment;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::etcd::EtcdServer;
 use dlock_tests::zookeeper::ZooKeeperServer;
-use dlock_tests::{RedisServer, Runtime, eventually, lock_key, released_channel};
+use dlock_tests::{RedisKeys, RedisServer, Runtime, eventually, lock_key, released_channel};
 
 /// The six engines every behaviour runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,6 +202,17 @@ impl Fixture {
             out.push(self.runtime().await);
         }
         out
+    }
+
+    /// Raw access to the keys of the Redis engines, behind the runtime's back: the server
+    /// (Redis), the slot-routed cluster (Cluster), every node (Redlock); none elsewhere.
+    pub(crate) fn redis_nodes(&self) -> Vec<&RedisKeys> {
+        match &self.servers {
+            Servers::Redis(server) => vec![&**server],
+            Servers::Cluster(cluster) => vec![&**cluster],
+            Servers::Redlock(servers) => servers.iter().map(|s| &**s).collect(),
+            Servers::Memory(_) | Servers::Etcd(_) | Servers::ZooKeeper(_) => Vec::new(),
+        }
     }
 
     /// Deletes the lock record of `key` behind its holder's back, the engine's own way: `DEL`

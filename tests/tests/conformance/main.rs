@@ -22,6 +22,7 @@ mod exit_paths;
 mod faults;
 mod fencing;
 mod fixture;
+mod inspect;
 mod lease;
 mod reentrancy;
 mod support;
@@ -75,7 +76,11 @@ conformance!(
     reentrancy::reentrant_guard_kept_past_its_chain_is_lost,
     config::bad_configuration_is_invalid_config,
     config::keys_over_the_limit_are_invalid_and_at_the_limit_work,
-    events::events_tell_acquired_renewed_timeout_lost_and_released;
+    events::events_tell_acquired_renewed_timeout_lost_and_released,
+    inspect::held_locks_are_listed_with_their_holder,
+    inspect::reentered_lock_is_one_hold_with_the_outer_fence,
+    inspect::waiters_are_not_holders,
+    inspect::reservations_and_foreign_values_are_not_holders;
 
     // The memory engine lives inside its runtime: it cannot be killed or restarted while the
     // runtime holds a lock (a process crash takes the holder with it), so the engine-down

@@ -26,6 +26,7 @@
 //! counts as valid from its lease's last confirmed keep-alive, not from its acquisition.
 
 pub(crate) mod config;
+mod inspect;
 mod lease;
 mod queue;
 
@@ -41,7 +42,7 @@ use tokio::time::Instant;
 
 use self::lease::{SharedLease, SharedLeases};
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
-use crate::LockError;
+use crate::{LockError, LockInfo};
 
 /// One contender: its lease and its key.
 #[derive(Debug, Clone)]
@@ -414,6 +415,14 @@ impl Backend for EtcdBackend {
         let options = GetOptions::new().with_prefix().with_count_only();
         let found = self.read_queue(key, "lookup failed", options).await?;
         Ok(found.count() > 0)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        Ok(self.holders(key, true).await?.into_iter().next())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
+        self.holders(prefix, false).await
     }
 
     fn renew_batch_limit(&self) -> usize {

@@ -4,6 +4,8 @@
 //! tests can pause it), fences strictly increase, a holder's remaining TTL is reported when
 //! busy. Waiters are woken by the runtime itself, since every holder is local.
 
+mod inspect;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -15,7 +17,7 @@ use super::{
     Attempt, Backend, Connecting, Context, DynBackend, EngineConfig, EngineResult, Released,
     Renewal,
 };
-use crate::LockError;
+use crate::{LockError, LockInfo};
 
 /// Expired entries are swept every this many fresh acquisitions.
 const SWEEP_EVERY: u64 = 1024;
@@ -147,6 +149,14 @@ impl Backend for MemoryBackend {
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         Ok(Self::live(&mut self.state(), key, now).is_some())
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        Ok(self.inspect_now(key))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
+        Ok(self.list_now(prefix))
     }
 
     // No `watch`: every holder is in this process, and the runtime wakes waiters on release

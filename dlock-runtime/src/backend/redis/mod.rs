@@ -16,6 +16,7 @@
 mod acl;
 mod cluster;
 pub(crate) mod config;
+mod inspect;
 mod link;
 mod names;
 mod push;
@@ -23,13 +24,14 @@ pub(crate) mod script;
 
 use std::time::Duration;
 
+pub(crate) use inspect::Holding;
 pub(crate) use names::{Names, hash_slot};
 
 use self::cluster::ClusterLink;
 use self::link::Link;
 use self::script::{FENCE_FLOOR_MIN, Scripts, decode_acquire, millis_ceil};
 use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
-use crate::LockError;
+use crate::{LockError, LockInfo};
 
 /// How long the fence counter outlives the last lock on its key (every acquisition and renewal
 /// pushes its expiry to this after the lease). Once it has expired, the next token starts at
@@ -382,6 +384,19 @@ impl Backend for RedisBackend {
             .call(Some(key), "lookup failed", cmd.query_async(&mut conn))
             .await?;
         Ok(n == 1)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        Ok(self.holding(key).await?.map(|held| held.info()))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
+        Ok(self
+            .holdings(prefix)
+            .await?
+            .iter()
+            .map(Holding::info)
+            .collect())
     }
 
     async fn watch(&self, key: &str) -> Result<(), LockError> {

@@ -48,6 +48,35 @@ impl Names {
         self.tagged(key) + ":released"
     }
 
+    /// The user key of a lock name (`<prefix>{<key>}`), if the name is one of ours and a
+    /// lock's (not a fence counter's).
+    pub(super) fn key_of_lock(&self, name: &str) -> Option<String> {
+        let tag = name
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix('{')?
+            .strip_suffix('}')?;
+        if tag.contains('}') {
+            // A key's `}` is written `%7D`: this is not a name the engine made.
+            return None;
+        }
+        unescape(tag)
+    }
+
+    /// The `SCAN … MATCH` pattern of every lock whose key starts with `key_prefix`:
+    /// `<prefix>{<key_prefix>*`, with the glob characters of both written literally.
+    pub(super) fn lock_pattern(&self, key_prefix: &str) -> String {
+        let start = format!("{}{{{}", self.prefix, escape(key_prefix, &['%', '}']));
+        let mut pattern = String::with_capacity(start.len() + 8);
+        for c in start.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push('*');
+        pattern
+    }
+
     /// The user key of a release channel, if the channel is one of ours.
     pub(super) fn key_of_channel(&self, channel: &str) -> Option<String> {
         let tag = channel
@@ -138,6 +167,19 @@ mod tests {
             assert_eq!(n.key_of_channel(&n.channel(key)).as_deref(), Some(key));
         }
         assert_eq!(n.key_of_channel("other:{x}:released"), None);
+    }
+
+    #[test]
+    fn lock_names_map_back_and_patterns_match_them_literally() {
+        let n = Names::new("app*[x]:");
+        for key in ["stock:42", "a}b{c", "ключ", "%7D", "*?[]\\"] {
+            assert_eq!(n.key_of_lock(&n.lock(key)).as_deref(), Some(key));
+        }
+        assert_eq!(n.key_of_lock(&n.fence("k")), None);
+        assert_eq!(n.key_of_lock("other:{k}"), None);
+        assert_eq!(n.key_of_lock("app*[x]:{a}b}"), None);
+        assert_eq!(n.lock_pattern("st*"), "app\\*\\[x\\]:{st\\**");
+        assert_eq!(Names::new("dlock:").lock_pattern("a}%"), "dlock:{a%7D%25*");
     }
 
     /// Regression (issue "reliability", Cluster hash tags): a key starting with `}` or a prefix

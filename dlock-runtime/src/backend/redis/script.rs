@@ -17,6 +17,7 @@ pub(crate) const FLOOR_LUA: &str = include_str!("lua/floor.lua");
 pub(crate) const RENEW_LUA: &str = include_str!("lua/renew.lua");
 pub(crate) const RELEASE_LUA: &str = include_str!("lua/release.lua");
 pub(crate) const FORCE_UNLOCK_LUA: &str = include_str!("lua/force_unlock.lua");
+pub(crate) const INSPECT_LUA: &str = include_str!("lua/inspect.lua");
 
 /// One script: its name (for messages), source and SHA1.
 pub(super) struct Lua {
@@ -41,6 +42,7 @@ pub(super) struct Scripts {
     pub(super) renew: Lua,
     pub(super) release: Lua,
     pub(super) force_unlock: Lua,
+    pub(super) inspect: Lua,
 }
 
 impl Scripts {
@@ -51,6 +53,7 @@ impl Scripts {
             renew: Lua::new("renew", RENEW_LUA),
             release: Lua::new("release", RELEASE_LUA),
             force_unlock: Lua::new("force-unlock", FORCE_UNLOCK_LUA),
+            inspect: Lua::new("inspect", INSPECT_LUA),
         }
     }
 }

@@ -18,6 +18,7 @@
 //! one strictly increasing sequence, so `fence()` is `None`.
 
 pub(crate) mod config;
+mod inspect;
 mod restarts;
 
 use std::future::Future;
@@ -33,7 +34,7 @@ use self::restarts::{NodeIdentity, NodeWakeups};
 use super::redis::RedisBackend;
 use super::redis::config::redact;
 use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
-use crate::LockError;
+use crate::{LockError, LockInfo};
 
 /// Background attempts at a release (or an undo) a node did not answer.
 const RELEASE_RETRIES: u32 = 5;
@@ -413,6 +414,20 @@ impl Backend for RedlockBackend {
         }
         let locked = answers.iter().filter(|a| matches!(a, Ok(true))).count();
         Ok(locked >= self.quorum)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let answers = self
+            .on_all(Some(key), |_, node| async move {
+                Ok(node.holding(key).await?.into_iter().collect::<Vec<_>>())
+            })
+            .await;
+        Ok(self.agreed(Some(key), answers)?.into_iter().next())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
+        let answers = self.on_all(None, |_, node| node.holdings(prefix)).await;
+        self.agreed(None, answers)
     }
 
     async fn watch(&self, key: &str) -> Result<(), LockError> {

@@ -29,6 +29,7 @@
 //! answers, for as long as the runtime lives.
 
 pub(crate) mod config;
+mod inspect;
 mod path;
 
 pub(crate) use path::escape as path_segment;
@@ -43,7 +44,7 @@ use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, Se
 
 use self::path::{escape, sequence};
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
-use crate::LockError;
+use crate::{LockError, LockInfo};
 
 pub(crate) struct ZooKeeperBackend {
     session: Arc<Session>,
@@ -651,6 +652,14 @@ impl Backend for ZooKeeperBackend {
             Err(ZkError::NoNode) => Ok(false),
             Err(e) => Err(self.session.failed(Some(key), "lookup failed", e).await),
         }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        self.holder(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
+        self.holders(prefix).await
     }
 
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {

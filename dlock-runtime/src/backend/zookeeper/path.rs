@@ -30,6 +30,30 @@ pub(crate) fn escape(key: &str) -> String {
     }
 }
 
+/// The key a path segment made by [`escape`] stands for (`None` for a segment it cannot
+/// have made).
+pub(super) fn unescape(segment: &str) -> Option<String> {
+    let segment = match segment {
+        "%" => return Some(String::new()),
+        "%." => return Some(".".to_owned()),
+        "%.." => return Some("..".to_owned()),
+        other => other,
+    };
+    let mut bytes = Vec::with_capacity(segment.len());
+    let mut rest = segment.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        if first == b'%' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(first);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
 /// The sequence number at the end of a `lock-<owner>-<sequence>` node name.
 pub(super) fn sequence(name: &str) -> Option<i64> {
     name.strip_prefix("lock-")?.rsplit('-').next()?.parse().ok()
@@ -48,6 +72,26 @@ mod tests {
         assert_eq!(escape("100%"), "100%25");
         assert_eq!(escape(".."), "%..");
         assert_eq!(escape("ключ {x}"), "ключ {x}");
+    }
+
+    #[test]
+    fn segments_map_back_to_their_keys() {
+        for key in [
+            "stock:42",
+            "🔒 lock",
+            "tab\there",
+            "a/b",
+            "100%",
+            "..",
+            ".",
+            "",
+            "%2F",
+            "ключ {x}",
+        ] {
+            assert_eq!(unescape(&escape(key)).as_deref(), Some(key), "{key:?}");
+        }
+        assert_eq!(unescape("bad%2"), None);
+        assert_eq!(unescape("bad%zz"), None);
     }
 
     #[test]
