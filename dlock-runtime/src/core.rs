@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::task::futures::TaskLocalFuture;
+use tokio::time::Instant;
 
 use crate::LockError;
 use crate::backend::{DynBackend, Released};
+use crate::held::hold_left;
 use crate::last_resort::{self, LastResort};
 use crate::wait::WaitHub;
 use crate::watchdog::Watchdog;
@@ -84,31 +86,59 @@ pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockErro
     Ok(())
 }
 
-/// Releases `owner`'s hold on `key` from a spawned task (Drop, cancellation). If that task is
-/// dropped before it finishes (its tokio runtime shuts down, or is already gone), the release
-/// runs on the [last resort](crate::last_resort) instead.
-pub(crate) fn release_in_background(core: Arc<Core>, key: String, owner: String) {
-    spawn_release(core, key, owner, false);
+/// Ends `owner`'s hold on `key` in the engine: a release, or, while a `hold_at_least` that
+/// keeps the key until `hold_until` lasts, [`release_after`](crate::backend::Backend::release_after)
+/// with what remains of it.
+pub(crate) async fn end_in_engine(
+    backend: &dyn DynBackend,
+    key: &str,
+    owner: &str,
+    hold_until: Option<Instant>,
+) -> Result<Released, LockError> {
+    match hold_left(hold_until) {
+        Some(left) => backend.release_after(key, owner, left).await,
+        None => backend.release(key, owner).await,
+    }
 }
 
-fn spawn_release(core: Arc<Core>, key: String, owner: String, compensating: bool) {
+/// Releases `owner`'s hold on `key` (kept until `hold_until`, if any) from a spawned task
+/// (Drop, cancellation). If that task is dropped before it finishes (its tokio runtime shuts
+/// down, or is already gone), the release runs on the [last resort](crate::last_resort)
+/// instead.
+pub(crate) fn release_in_background(
+    core: Arc<Core>,
+    key: String,
+    owner: String,
+    hold_until: Option<Instant>,
+) {
+    spawn_release(core, key, owner, hold_until, false);
+}
+
+fn spawn_release(
+    core: Arc<Core>,
+    key: String,
+    owner: String,
+    hold_until: Option<Instant>,
+    compensating: bool,
+) {
     let handle = core.handle.clone();
     let pending = PendingRelease {
         core,
         key,
         owner,
+        hold_until,
         finished: false,
     };
     handle.spawn(async move {
         let (core, key, owner) = (&pending.core, &pending.key, &pending.owner);
-        let mut found = release_with_retries(core, key, owner).await;
+        let mut found = release_with_retries(core, key, owner, hold_until).await;
         if compensating {
             for wait in [core.timeout, core.timeout * 2] {
                 if found {
                     break;
                 }
                 tokio::time::sleep(wait).await;
-                found = release_with_retries(core, key, owner).await;
+                found = release_with_retries(core, key, owner, None).await;
                 if found {
                     tracing::debug!(key = %key, "an acquire that landed after its compensating release was undone");
                 }
@@ -123,6 +153,7 @@ struct PendingRelease {
     core: Arc<Core>,
     key: String,
     owner: String,
+    hold_until: Option<Instant>,
     finished: bool,
 }
 
@@ -136,19 +167,31 @@ impl PendingRelease {
 impl Drop for PendingRelease {
     fn drop(&mut self) {
         if !self.finished {
-            last_resort::release(&self.core, &self.key, &self.owner);
+            last_resort::release(&self.core, &self.key, &self.owner, self.hold_until);
         }
     }
 }
 
 /// Retried a few times: a release that fails leaves the lock until its lease ends. `false`
-/// when the engine had nothing of `owner`'s.
-async fn release_with_retries(core: &Core, key: &str, owner: &str) -> bool {
+/// when the engine had nothing of `owner`'s. Each attempt keeps the key for what is left of
+/// the hold until `hold_until` (if any).
+async fn release_with_retries(
+    core: &Core,
+    key: &str,
+    owner: &str,
+    hold_until: Option<Instant>,
+) -> bool {
     let mut delay = Duration::from_millis(100);
     for attempt in 1..=BACKGROUND_RELEASE_ATTEMPTS {
-        match core.backend.release(key, owner).await {
+        match end_in_engine(core.backend.as_ref(), key, owner, hold_until).await {
             Ok(Released::Freed) => {
                 tracing::debug!(key = %key, "lock released in the background");
+                core.hub.wake(key);
+                return true;
+            }
+            Ok(Released::Kept) => {
+                tracing::debug!(key = %key, "lock released in the background; its key is kept until its hold ends");
+                // Local waiters look again and wait for the hold's end, not the lease's.
                 core.hub.wake(key);
                 return true;
             }
@@ -178,17 +221,25 @@ pub(crate) struct ReleaseOnDrop<'a> {
     core: &'a Arc<Core>,
     key: &'a str,
     owner: &'a str,
+    /// The end of the hold that keeps the key (see [`end_in_engine`]).
+    hold_until: Option<Instant>,
     armed: bool,
     /// Undoes an acquire request (which may land late) rather than finishing a release.
     compensating: bool,
 }
 
 impl<'a> ReleaseOnDrop<'a> {
-    pub(crate) fn new(core: &'a Arc<Core>, key: &'a str, owner: &'a str) -> Self {
+    pub(crate) fn new(
+        core: &'a Arc<Core>,
+        key: &'a str,
+        owner: &'a str,
+        hold_until: Option<Instant>,
+    ) -> Self {
         Self {
             core,
             key,
             owner,
+            hold_until,
             armed: true,
             compensating: false,
         }
@@ -206,6 +257,7 @@ impl<'a> ReleaseOnDrop<'a> {
             core,
             key,
             owner,
+            hold_until: None,
             armed: true,
             compensating: true,
         }
@@ -224,6 +276,7 @@ impl Drop for ReleaseOnDrop<'_> {
                 self.core.clone(),
                 self.key.to_owned(),
                 self.owner.to_owned(),
+                self.hold_until,
                 self.compensating,
             );
         }

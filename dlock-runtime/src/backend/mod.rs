@@ -103,6 +103,9 @@ pub(crate) enum Released {
     StillHeld,
     /// The key is not ours (expired, deleted, or taken by someone else).
     NotOwner,
+    /// The hold ended, but the key stays ours until it expires by itself
+    /// ([`Backend::release_after`]).
+    Kept,
 }
 
 /// Where an engine delivers "this key may be free now" (the runtime's wait hub). Engines that
@@ -267,6 +270,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
         owner: &str,
     ) -> impl Future<Output = Result<Released, LockError>> + Send;
 
+    /// Owner-checked end of a hold whose key must stay taken `hold` longer (`hold_at_least`):
+    /// the key stays `owner`'s, no longer renewed, and frees by itself after `hold` (never
+    /// sooner). `Kept`, or `NotOwner` when the key is no longer ours. Other runtimes' waiters
+    /// may be told to look again (they find the key taken, with the hold's remaining TTL).
+    fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> impl Future<Output = Result<Released, LockError>> + Send;
+
     /// Deletes the lock whoever holds it; `true` when there was one.
     fn force_unlock(&self, key: &str) -> impl Future<Output = Result<bool, LockError>> + Send;
 
@@ -352,6 +366,12 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         key: &'a str,
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Released, LockError>>;
+    fn release_after<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        hold: Duration,
+    ) -> BoxFuture<'a, Result<Released, LockError>>;
     fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
     fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
@@ -401,6 +421,15 @@ impl<B: Backend> DynBackend for B {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(Backend::release(self, key, owner))
+    }
+
+    fn release_after<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        hold: Duration,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(Backend::release_after(self, key, owner, hold))
     }
 
     fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {

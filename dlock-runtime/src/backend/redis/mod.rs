@@ -357,6 +357,29 @@ impl Backend for RedisBackend {
         })
     }
 
+    async fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<Released, LockError> {
+        let reply: i64 = self
+            .run_script(&self.scripts.hold, Some(key), "release failed", |cmd| {
+                cmd.arg(1)
+                    .arg(self.names.lock(key))
+                    .arg(owner)
+                    .arg(millis_ceil(hold))
+                    .arg(self.names.channel(key))
+                    .arg(&self.origin)
+                    .arg(self.link.publish_command());
+            })
+            .await?;
+        Ok(match reply {
+            1 => Released::Kept,
+            _ => Released::NotOwner,
+        })
+    }
+
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let reply: i64 = self
             .run_script(

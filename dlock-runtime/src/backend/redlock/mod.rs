@@ -197,9 +197,16 @@ impl RedlockBackend {
     /// its copy of the lock until the lease runs out. Owner-checked, so harmless where the
     /// first attempt did land.
     fn release_later(&self, node: &Arc<RedisBackend>, key: &str, owner: &str) {
+        self.release_at(node, key, owner, Duration::ZERO);
+    }
+
+    /// As [`release_later`](Self::release_later), starting `after` from now (the end of a
+    /// hold that keeps the key).
+    fn release_at(&self, node: &Arc<RedisBackend>, key: &str, owner: &str, after: Duration) {
         let (node, key, owner) = (node.clone(), key.to_owned(), owner.to_owned());
         let timeout = self.node_timeout;
         tokio::spawn(async move {
+            tokio::time::sleep(after).await;
             let mut delay = Duration::from_millis(100);
             for _ in 0..RELEASE_RETRIES {
                 tokio::time::sleep(delay).await;
@@ -388,6 +395,35 @@ impl Backend for RedlockBackend {
             Ok(Released::Freed)
         } else if count(Released::StillHeld) > 0 {
             Ok(Released::StillHeld)
+        } else if answers.iter().all(Result::is_err) {
+            Err(self.no_quorum(key, &answers))
+        } else {
+            Ok(Released::NotOwner)
+        }
+    }
+
+    async fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<Released, LockError> {
+        // Each node counts the hold on its own clock: the drift allowance is added, so that
+        // no majority frees the key before the hold ends on this process's clock.
+        let kept_for = hold.saturating_add(drift(hold));
+        let answers = self
+            .on_all(Some(key), |_, node| {
+                node.release_after(key, owner, kept_for)
+            })
+            .await;
+        for (node, answer) in self.nodes.iter().zip(&answers) {
+            if answer.is_err() {
+                // Its copy (if any) is released once the hold is over on every clock.
+                self.release_at(node, key, owner, kept_for);
+            }
+        }
+        if answers.iter().any(|a| matches!(a, Ok(Released::Kept))) {
+            Ok(Released::Kept)
         } else if answers.iter().all(Result::is_err) {
             Err(self.no_quorum(key, &answers))
         } else {
