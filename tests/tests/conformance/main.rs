@@ -21,6 +21,7 @@ mod exit_paths;
 mod faults;
 mod fencing;
 mod fixture;
+mod hold;
 mod lease;
 mod reentrancy;
 mod support;
@@ -73,7 +74,9 @@ conformance!(
     reentrancy::concurrent_branches_of_a_chain_are_different_owners,
     reentrancy::reentrant_guard_kept_past_its_chain_is_lost,
     config::bad_configuration_is_invalid_config,
-    config::keys_over_the_limit_are_invalid_and_at_the_limit_work;
+    config::keys_over_the_limit_are_invalid_and_at_the_limit_work,
+    hold::a_short_run_keeps_the_key_until_hold_at_least,
+    hold::a_run_longer_than_hold_at_least_releases_at_once;
 
     // The memory engine lives inside its runtime: it cannot be killed or restarted while the
     // runtime holds a lock (a process crash takes the holder with it), so the engine-down
