@@ -135,8 +135,9 @@ impl RawArgs {
                 "wait" => duration(&value, "wait").map(|millis| wait = Some(millis)),
                 "watchdog" => bool_literal(&value).map(|lit| watchdog = Some(lit)),
                 "on_lost" => on_lost_value(&value).map(|policy| on_lost = Some(policy)),
-                "hold_at_least" => duration(&value, "hold_at_least")
-                    .map(|millis| hold_at_least = Some((millis, value.span(), duration_text(&value)))),
+                "hold_at_least" => duration(&value, "hold_at_least").map(|millis| {
+                    hold_at_least = Some((millis, value.span(), duration_text(&value)))
+                }),
                 // The only name left in `ARGUMENTS`.
                 _ => crate_path(&value).map(|path| krate = Some(path)),
             };

@@ -12,8 +12,14 @@ use std::time::Duration;
 ///
 /// ```
 /// use dlock_runtime::LockError;
-/// let err = LockError::Timeout { key: "stock:42".into(), waited: std::time::Duration::from_secs(1) };
+/// use std::time::Duration;
+/// let err = LockError::Timeout {
+///     key: "stock:42".into(),
+///     waited: Duration::from_secs(1),
+///     holder_ttl: Some(Duration::from_secs(12)),
+/// };
 /// assert!(err.is_timeout());
+/// assert_eq!(err.holder_ttl(), Some(Duration::from_secs(12)));
 /// assert_eq!(err.to_string(), "lock `stock:42` not acquired within 1s");
 /// ```
 #[derive(Debug, Clone)]
@@ -25,6 +31,11 @@ pub enum LockError {
         key: String,
         /// How long the caller waited.
         waited: Duration,
+        /// The holder's remaining lease as the last attempt saw it, counted down to when the
+        /// error was made; `None` when the engine did not say (etcd and ZooKeeper queues, a
+        /// key held by the caller's own call chain). What `Retry-After` is made of (feature
+        /// `axum`).
+        holder_ttl: Option<Duration>,
     },
     /// The lease was lost while held: the engine says another owner (or nobody) holds the key,
     /// or the lease ran out without a confirmed renewal.
@@ -61,6 +72,15 @@ impl LockError {
     /// `true` for [`LockError::InvalidConfig`].
     pub fn is_invalid_config(&self) -> bool {
         matches!(self, Self::InvalidConfig(_))
+    }
+
+    /// For [`LockError::Timeout`]: the holder's remaining lease when the error was made, if
+    /// the engine said (see the variant).
+    pub fn holder_ttl(&self) -> Option<Duration> {
+        match self {
+            Self::Timeout { holder_ttl, .. } => *holder_ttl,
+            _ => None,
+        }
     }
 
     /// The key the error is about, if any.
@@ -104,7 +124,7 @@ impl LockError {
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Timeout { key, waited } => {
+            Self::Timeout { key, waited, .. } => {
                 write!(f, "lock `{key}` not acquired within {waited:?}")
             }
             Self::Lost { key } => write!(f, "lease of lock `{key}` was lost while held"),

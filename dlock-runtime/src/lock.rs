@@ -300,6 +300,8 @@ async fn reenter(
                         return Err(LockError::Timeout {
                             key: held.key.clone(),
                             waited: started.elapsed(),
+                            // Held by this call chain: no engine TTL to wait for.
+                            holder_ttl: None,
                         });
                     }
                 }

@@ -167,6 +167,8 @@ fn hold_at_least_is_at_most_the_lease() {
     assert_eq!(args.hold_at_least, Some(120_000));
     assert_eq!(
         errors(r#"key = "job", hold_at_least = 30"#),
-        ["expected a string literal with a unit for `hold_at_least`, e.g. `hold_at_least = \"30s\"`"]
+        [
+            "expected a string literal with a unit for `hold_at_least`, e.g. `hold_at_least = \"30s\"`"
+        ]
     );
 }

@@ -287,6 +287,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Whether anybody holds the key now.
     fn is_locked(&self, key: &str) -> impl Future<Output = Result<bool, LockError>> + Send;
 
+    /// The holder's remaining lease, for an attempt that found `key` busy without saying how
+    /// long (Redis answers a first attempt with the holder's value only). `None` when the
+    /// engine cannot tell (default) or nobody holds it.
+    fn holder_ttl(&self, _key: &str) -> impl Future<Output = Option<Duration>> + Send {
+        async { None }
+    }
+
     /// Starts delivering "may be free" notifications for `key` to [`Context::wakeups`].
     /// Resolves once notifications flow (a release after this point is not missed). Engines
     /// without notifications (in-process, or queued) have nothing to do.
@@ -374,6 +381,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Released, LockError>>;
     fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
     fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
+    fn holder_ttl<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Duration>>;
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
     fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
     /// `None` when the engine has no queue of its own (the runtime waits itself).
@@ -438,6 +446,10 @@ impl<B: Backend> DynBackend for B {
 
     fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(Backend::is_locked(self, key))
+    }
+
+    fn holder_ttl<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Duration>> {
+        Box::pin(Backend::holder_ttl(self, key))
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {

@@ -407,6 +407,17 @@ impl Backend for RedisBackend {
         Ok(n == 1)
     }
 
+    async fn holder_ttl(&self, key: &str) -> Option<Duration> {
+        let mut conn = self.link.handle();
+        let cmd = redis::cmd("PTTL").arg(self.names.lock(key)).clone();
+        let pttl: i64 = self
+            .call(Some(key), "lookup failed", cmd.query_async(&mut conn))
+            .await
+            .ok()?;
+        // -2: no key, -1: no TTL.
+        u64::try_from(pttl).ok().map(Duration::from_millis)
+    }
+
     async fn watch(&self, key: &str) -> Result<(), LockError> {
         self.set_subscribed(key, true).await
     }

@@ -441,6 +441,21 @@ impl Backend for RedlockBackend {
         Ok(answers.iter().any(|a| matches!(a, Ok(true))))
     }
 
+    async fn holder_ttl(&self, key: &str) -> Option<Duration> {
+        // Until fewer than a majority keep the key: the quorum-th longest TTL.
+        let answers = self
+            .on_all(Some(key), |_, node| async move {
+                Ok::<_, LockError>(node.holder_ttl(key).await)
+            })
+            .await;
+        let mut ttls: Vec<Duration> = answers
+            .into_iter()
+            .filter_map(|a| a.ok().flatten())
+            .collect();
+        ttls.sort_unstable_by(|a, b| b.cmp(a));
+        ttls.get(self.quorum.checked_sub(1)?).copied()
+    }
+
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
         let answers = self.on_all(Some(key), |_, node| node.is_locked(key)).await;
         let failed = answers.iter().filter(|a| a.is_err()).count();
