@@ -77,9 +77,9 @@ async fn main() -> Result<(), BoxError> {
     let (node, periods) = args()?;
     Runtime::from_env().await?.install()?;
     let period_ms = PERIOD.as_millis();
-    // The first whole period that starts from now.
-    let mut period = u64::try_from(now()?.as_millis() / period_ms + 1)?;
-    for _ in 0..periods {
+    // The first whole period that starts from now, and the ones after it.
+    let first = u64::try_from(now()?.as_millis() / period_ms + 1)?;
+    for period in first..first + periods {
         // This node fires `node × SKEW` after the period's start.
         let fire_at = Duration::from_millis(period * u64::try_from(period_ms)?) + SKEW * node;
         tokio::time::sleep(fire_at.saturating_sub(now()?)).await;
@@ -88,7 +88,6 @@ async fn main() -> Result<(), BoxError> {
             Err(err) if err.is_timeout() => println!("period {period}: skipped on node {node}"),
             Err(err) => return Err(err.into()),
         }
-        period += 1;
     }
     Ok(())
 }
