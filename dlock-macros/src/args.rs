@@ -1,5 +1,5 @@
 //! The attribute's arguments: `key = "..."`, `lease = "30s"`, `wait = "1s"`, `watchdog = false`,
-//! `on_lost = "cancel" | "ignore"`, `crate = "path"`.
+//! `on_lost = "cancel" | "ignore"`, `hold_at_least = "30s"`, `crate = "path"`.
 //!
 //! Two phases, as in tokio-macros: [`RawArgs`] only splits `name = value, ...` (a syntax error
 //! here is the only error that stops the parse), then [`RawArgs::validate`] looks at every
@@ -15,7 +15,15 @@ use crate::duration::parse_millis;
 use crate::{combine, similar_name};
 
 /// Every argument the attribute accepts, in the order the docs list them.
-const ARGUMENTS: [&str; 6] = ["key", "lease", "wait", "watchdog", "on_lost", "crate"];
+const ARGUMENTS: [&str; 7] = [
+    "key",
+    "lease",
+    "wait",
+    "watchdog",
+    "on_lost",
+    "hold_at_least",
+    "crate",
+];
 
 /// `name = value, ...` before validation.
 pub(crate) struct RawArgs {
@@ -63,6 +71,8 @@ pub(crate) struct Args {
     /// `None` keeps the runtime's default (watchdog on).
     pub(crate) watchdog: Option<LitBool>,
     pub(crate) on_lost: OnLost,
+    /// Milliseconds; `None`: released at once.
+    pub(crate) hold_at_least: Option<u64>,
     /// `None` means `::dlock_runtime`.
     pub(crate) krate: Option<Path>,
 }
@@ -84,6 +94,9 @@ impl RawArgs {
         let mut wait = None;
         let mut watchdog = None;
         let mut on_lost = None;
+        // With the span of its value: checked against the lease once every argument is read.
+        let mut hold_at_least: Option<(u64, Span, String)> = None;
+        let mut lease_text = String::new();
         let mut krate = None;
 
         for RawArg { name, value } in self.args {
@@ -116,11 +129,15 @@ impl RawArgs {
                 "lease" => duration(&value, "lease").and_then(|millis| {
                     check_lease(millis, value.span())?;
                     lease = Some(millis);
+                    lease_text = duration_text(&value);
                     Ok(())
                 }),
                 "wait" => duration(&value, "wait").map(|millis| wait = Some(millis)),
                 "watchdog" => bool_literal(&value).map(|lit| watchdog = Some(lit)),
                 "on_lost" => on_lost_value(&value).map(|policy| on_lost = Some(policy)),
+                "hold_at_least" => duration(&value, "hold_at_least").map(|millis| {
+                    hold_at_least = Some((millis, value.span(), duration_text(&value)))
+                }),
                 // The only name left in `ARGUMENTS`.
                 _ => crate_path(&value).map(|path| krate = Some(path)),
             };
@@ -137,6 +154,14 @@ impl RawArgs {
                 "missing required argument `key`, e.g. `#[distributed_lock(key = \"stock:{id}\")]`",
             ));
         }
+        if let (Some((hold, span, hold_text)), Some(lease)) = (&hold_at_least, lease)
+            && *hold > lease
+        {
+            errors.push(syn::Error::new(
+                *span,
+                hold_longer_than_lease(hold_text, &lease_text),
+            ));
+        }
         if let Some(error) = combine(errors) {
             return Err(error);
         }
@@ -147,6 +172,7 @@ impl RawArgs {
                 wait,
                 watchdog,
                 on_lost: on_lost.unwrap_or(OnLost::Cancel),
+                hold_at_least: hold_at_least.map(|(millis, _, _)| millis),
                 krate,
             }),
             // Unreachable: a missing or invalid key pushed an error above.
@@ -179,6 +205,23 @@ fn check_lease(millis: u64, span: Span) -> syn::Result<()> {
     Ok(())
 }
 
+/// `hold_at_least` beyond the lease: the lease (with `watchdog = false`, the "at most") is the
+/// longest the key stays taken, and the runtime rejects it too.
+fn hold_longer_than_lease(hold: &str, lease: &str) -> String {
+    format!(
+        "`hold_at_least = \"{hold}\"` is longer than `lease = \"{lease}\"`; the key stays taken \
+         at most for the lease: shorten `hold_at_least` or lengthen `lease`"
+    )
+}
+
+/// The text of a duration literal already parsed by [`duration`].
+fn duration_text(value: &Expr) -> String {
+    match literal(value) {
+        Some(Lit::Str(lit)) => lit.value(),
+        _ => String::new(),
+    }
+}
+
 fn unknown_argument(name: &str) -> String {
     match similar_name(name, ARGUMENTS.iter().map(|s| (*s).to_owned())) {
         Some(similar) => format!("unknown argument `{name}`; did you mean `{similar}`?"),
@@ -201,6 +244,7 @@ fn example(name: &str) -> &'static str {
         "wait" => "wait = \"1s\"",
         "watchdog" => "watchdog = false",
         "on_lost" => "on_lost = \"ignore\"",
+        "hold_at_least" => "hold_at_least = \"30s\"",
         _ => "crate = \"dlock_runtime\"",
     }
 }

@@ -69,6 +69,10 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, key: &[KeyPart]) -> TokenStre
         quote!(.wait(#krate::__private::Duration::from_millis(#millis)))
     });
     let watchdog = args.watchdog.as_ref().map(|on| quote!(.watchdog(#on)));
+    let hold_at_least = args.hold_at_least.map(|millis| {
+        let millis = Literal::u64_unsuffixed(millis);
+        quote!(.hold_at_least(#krate::__private::Duration::from_millis(#millis)))
+    });
     let on_lost = match args.on_lost {
         OnLost::Cancel => quote!(Cancel),
         OnLost::Ignore => quote!(Ignore),
@@ -104,7 +108,7 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, key: &[KeyPart]) -> TokenStre
     let mut run_args = Group::new(
         Delimiter::Parenthesis,
         quote! {
-            #krate::__private::lock(#key_local) #lease #wait #watchdog,
+            #krate::__private::lock(#key_local) #lease #wait #watchdog #hold_at_least,
             #krate::__private::OnLost::#on_lost,
             #body_future,
         },

@@ -95,12 +95,13 @@ use crate::key::Bindings;
 /// | `wait`     | duration, e.g. `"1s"`, `"0s"`       | the runtime's `default_wait` (no waiting) |
 /// | `watchdog` | `true` or `false` (no quotes)       | `true`                        |
 /// | `on_lost`  | `"cancel"` or `"ignore"`            | `"cancel"`                    |
+/// | `hold_at_least` | duration, e.g. `"30s"`         | none: released at once        |
 /// | `crate`    | path of the runtime crate, e.g. `"dl"` | `"::dlock_runtime"`        |
 ///
 /// Arguments may come in any order; each may appear once. Everything is checked at compile
 /// time: an unknown or repeated argument, a malformed duration, a lease of zero or of more than
-/// a year, or a placeholder that names no parameter is a compile error pointing at the
-/// offending token.
+/// a year, a `hold_at_least` longer than the `lease`, or a placeholder that names no parameter
+/// is a compile error pointing at the offending token.
 ///
 /// ## `key`
 ///
@@ -262,6 +263,37 @@ use crate::key::Bindings;
 /// }
 /// ```
 ///
+/// ## `hold_at_least`
+///
+/// For scheduled jobs (ShedLock's `lockAtLeastFor`): the key stays taken until at least this
+/// long after the acquisition, even when the body finishes sooner, so the same job started on
+/// other nodes in the same period finds it taken and skips (`LockError::Timeout`). A body that
+/// runs longer releases as usual. `lease` with `watchdog = false` is the "at most";
+/// `hold_at_least` must not be longer than `lease` (a compile error when both are written, a
+/// `LockError::InvalidConfig` at run time against the runtime's default lease otherwise).
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "job:report", lease = "10m", watchdog = false, hold_at_least = "30s")]
+/// async fn report() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Without the macro:
+///
+/// ```no_run
+/// # use dlock_runtime::LockError;
+/// # use std::time::Duration;
+/// async fn report() -> Result<(), LockError> {
+///     let lock = dlock_runtime::lock("job:report")
+///         .lease(Duration::from_secs(600))
+///         .watchdog(false)
+///         .hold_at_least(Duration::from_secs(30));
+///     dlock_runtime::with_lock(lock, async move { Ok(()) }).await?
+/// }
+/// ```
+///
 /// ## `crate`
 ///
 /// The path of the runtime crate, for when it is renamed in `Cargo.toml`
@@ -341,7 +373,7 @@ use crate::key::Bindings;
 /// # Errors at compile time
 ///
 /// ```text
-/// error: unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `crate`
+/// error: unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `crate`
 /// error: invalid duration "30x": expected a number followed by ms, s, m or h, e.g. "30s"
 /// error: key placeholder `{idd}` names no parameter of `buy`; did you mean `{id}`?
 /// error: `#[distributed_lock]` can only be used on an `async fn`; add `async` before `fn`

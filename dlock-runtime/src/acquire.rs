@@ -80,9 +80,12 @@ pub(crate) async fn acquire_fresh(
     let owner = new_owner(core);
     let started = Instant::now();
     let deadline = started + wait.min(FOREVER);
-    let timeout = |key: String| LockError::Timeout {
-        key,
-        waited: started.elapsed(),
+    let timeout = |key: String, holder_ttl: Option<Duration>| {
+        core.busy.note(&key, holder_ttl);
+        LockError::Timeout {
+            key,
+            waited: started.elapsed(),
+        }
     };
 
     // Engines with their own FIFO queue wait there (no local queue, no polling).
@@ -125,7 +128,7 @@ pub(crate) async fn acquire_fresh(
                 });
                 Ok(Held::new(core, key, owner, fence, terms, since))
             }
-            Attempt::Busy { .. } => Err(timeout(key)),
+            Attempt::Busy { ttl } => Err(timeout(key, ttl)),
         };
     }
 
@@ -136,7 +139,15 @@ pub(crate) async fn acquire_fresh(
             Attempt::Acquired { fence } => {
                 return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
-            Attempt::Busy { .. } if wait.is_zero() => return Err(timeout(key)),
+            Attempt::Busy { ttl } if wait.is_zero() => {
+                // Asked only now, on the busy path, so that an uncontended attempt stays what
+                // it is (the TTL is for `Retry-After`, see `LockError::holder_ttl`).
+                let ttl = match ttl {
+                    Some(ttl) => Some(ttl),
+                    None => core.backend.holder_ttl(&key).await,
+                };
+                return Err(timeout(key, ttl));
+            }
             Attempt::Busy { .. } => {}
         }
     }
@@ -156,19 +167,25 @@ async fn wait_in_queue(
     deadline: Instant,
 ) -> Result<Arc<Held>, LockError> {
     let lease = terms.lease;
-    let timeout = |key: String| LockError::Timeout {
-        key,
-        waited: started.elapsed(),
+    // The holder's TTL as the last busy answer said, and when that answer came.
+    let mut seen_ttl: Option<(Duration, Instant)> = None;
+    let timeout = |key: String, seen_ttl: Option<(Duration, Instant)>| {
+        let holder_ttl = seen_ttl.map(|(ttl, at)| ttl.saturating_sub(at.elapsed()));
+        core.busy.note(&key, holder_ttl);
+        LockError::Timeout {
+            key,
+            waited: started.elapsed(),
+        }
     };
     let ticket = core.hub.join(&key);
     let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue().turn.lock()).await else {
-        return Err(timeout(key));
+        return Err(timeout(key, seen_ttl));
     };
     let queue = ticket.queue();
     // First in line: a holder of this runtime may hand the lock over from now on.
     let head = Head::new(core, queue, terms);
     let Some(mut watched) = watch(&ticket, &key, deadline).await else {
-        return Err(timeout(key));
+        return Err(timeout(key, seen_ttl));
     };
     loop {
         let freed = queue.freed.notified();
@@ -209,8 +226,9 @@ async fn wait_in_queue(
             }
             Attempt::Busy { ttl } => {
                 let now = Instant::now();
+                seen_ttl = ttl.map(|ttl| (ttl, now));
                 if now >= deadline {
-                    return Err(timeout(key));
+                    return Err(timeout(key, seen_ttl));
                 }
                 // A lost notification costs at most the holder's remaining TTL. Without a TTL
                 // (somebody persisted the key) look again after a short while; without a
@@ -225,7 +243,7 @@ async fn wait_in_queue(
                 }
                 if !watched {
                     let Some(now_watched) = watch(&ticket, &key, deadline).await else {
-                        return Err(timeout(key));
+                        return Err(timeout(key, seen_ttl));
                     };
                     watched = now_watched;
                 }

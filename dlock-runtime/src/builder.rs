@@ -287,6 +287,7 @@ impl RuntimeBuilder {
                 hub,
                 watchdog,
                 observer,
+                busy: Default::default(),
                 handle,
                 prefix: self.prefix,
                 default_lease: self.default_lease,

@@ -1,16 +1,19 @@
 //! One configured runtime's shared state, where it is found (installed or scoped), and the
 //! background release every exit path falls back on.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::task::futures::TaskLocalFuture;
+use tokio::time::Instant;
 
 use crate::LockError;
 use crate::backend::{DynBackend, Released};
 use crate::events::Observer;
+use crate::held::hold_left;
 use crate::last_resort::{self, LastResort};
 use crate::wait::WaitHub;
 use crate::watchdog::Watchdog;
@@ -30,6 +33,8 @@ pub(crate) struct Core {
     pub(crate) watchdog: Arc<Watchdog>,
     /// Events, metrics and tracing of its locks.
     pub(crate) observer: Arc<Observer>,
+    /// When the holders of keys whose acquisition timed out end their lease, as last seen.
+    pub(crate) busy: BusyUntil,
     pub(crate) handle: Handle,
     pub(crate) prefix: String,
     pub(crate) default_lease: Duration,
@@ -44,6 +49,46 @@ pub(crate) struct Core {
 impl Drop for Core {
     fn drop(&mut self) {
         self.watchdog.close();
+    }
+}
+
+/// Keys [`BusyUntil`] remembers at most: beyond, the expired entries go, and if that is not
+/// enough, all of them (a `Retry-After` of 1 s is the fallback, not an error).
+const BUSY_KEYS: usize = 1024;
+
+/// The instant each busy key's holder ends its lease, as the last acquisition of it that timed
+/// out was told (see [`LockError::holder_ttl`]).
+#[derive(Debug, Default)]
+pub(crate) struct BusyUntil(Mutex<HashMap<String, Instant>>);
+
+impl BusyUntil {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
+        // Map operations cannot be interrupted half-way: a poisoned lock is consistent.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An acquisition of `key` timed out; the holder had `ttl` left (`None`: not known).
+    pub(crate) fn note(&self, key: &str, ttl: Option<Duration>) {
+        let mut map = self.map();
+        let Some(ttl) = ttl else {
+            map.remove(key);
+            return;
+        };
+        let now = Instant::now();
+        if map.len() >= BUSY_KEYS && !map.contains_key(key) {
+            map.retain(|_, until| *until > now);
+            if map.len() >= BUSY_KEYS {
+                map.clear();
+            }
+        }
+        map.insert(key.to_owned(), now + ttl);
+    }
+
+    /// What the holder of `key` has left, if known and not over.
+    pub(crate) fn remaining(&self, key: &str) -> Option<Duration> {
+        let until = *self.map().get(key)?;
+        let left = until.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
     }
 }
 
@@ -87,31 +132,59 @@ pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockErro
     Ok(())
 }
 
-/// Releases `owner`'s hold on `key` from a spawned task (Drop, cancellation). If that task is
-/// dropped before it finishes (its tokio runtime shuts down, or is already gone), the release
-/// runs on the [last resort](crate::last_resort) instead.
-pub(crate) fn release_in_background(core: Arc<Core>, key: String, owner: String) {
-    spawn_release(core, key, owner, false);
+/// Ends `owner`'s hold on `key` in the engine: a release, or, while a `hold_at_least` that
+/// keeps the key until `hold_until` lasts, [`release_after`](crate::backend::Backend::release_after)
+/// with what remains of it.
+pub(crate) async fn end_in_engine(
+    backend: &dyn DynBackend,
+    key: &str,
+    owner: &str,
+    hold_until: Option<Instant>,
+) -> Result<Released, LockError> {
+    match hold_left(hold_until) {
+        Some(left) => backend.release_after(key, owner, left).await,
+        None => backend.release(key, owner).await,
+    }
 }
 
-fn spawn_release(core: Arc<Core>, key: String, owner: String, compensating: bool) {
+/// Releases `owner`'s hold on `key` (kept until `hold_until`, if any) from a spawned task
+/// (Drop, cancellation). If that task is dropped before it finishes (its tokio runtime shuts
+/// down, or is already gone), the release runs on the [last resort](crate::last_resort)
+/// instead.
+pub(crate) fn release_in_background(
+    core: Arc<Core>,
+    key: String,
+    owner: String,
+    hold_until: Option<Instant>,
+) {
+    spawn_release(core, key, owner, hold_until, false);
+}
+
+fn spawn_release(
+    core: Arc<Core>,
+    key: String,
+    owner: String,
+    hold_until: Option<Instant>,
+    compensating: bool,
+) {
     let handle = core.handle.clone();
     let pending = PendingRelease {
         core,
         key,
         owner,
+        hold_until,
         finished: false,
     };
     handle.spawn(async move {
         let (core, key, owner) = (&pending.core, &pending.key, &pending.owner);
-        let mut found = release_with_retries(core, key, owner).await;
+        let mut found = release_with_retries(core, key, owner, hold_until).await;
         if compensating {
             for wait in [core.timeout, core.timeout * 2] {
                 if found {
                     break;
                 }
                 tokio::time::sleep(wait).await;
-                found = release_with_retries(core, key, owner).await;
+                found = release_with_retries(core, key, owner, None).await;
                 if found {
                     tracing::debug!(key = %key, "an acquire that landed after its compensating release was undone");
                 }
@@ -126,6 +199,7 @@ struct PendingRelease {
     core: Arc<Core>,
     key: String,
     owner: String,
+    hold_until: Option<Instant>,
     finished: bool,
 }
 
@@ -139,19 +213,31 @@ impl PendingRelease {
 impl Drop for PendingRelease {
     fn drop(&mut self) {
         if !self.finished {
-            last_resort::release(&self.core, &self.key, &self.owner);
+            last_resort::release(&self.core, &self.key, &self.owner, self.hold_until);
         }
     }
 }
 
 /// Retried a few times: a release that fails leaves the lock until its lease ends. `false`
-/// when the engine had nothing of `owner`'s.
-async fn release_with_retries(core: &Core, key: &str, owner: &str) -> bool {
+/// when the engine had nothing of `owner`'s. Each attempt keeps the key for what is left of
+/// the hold until `hold_until` (if any).
+async fn release_with_retries(
+    core: &Core,
+    key: &str,
+    owner: &str,
+    hold_until: Option<Instant>,
+) -> bool {
     let mut delay = Duration::from_millis(100);
     for attempt in 1..=BACKGROUND_RELEASE_ATTEMPTS {
-        match core.backend.release(key, owner).await {
+        match end_in_engine(core.backend.as_ref(), key, owner, hold_until).await {
             Ok(Released::Freed) => {
                 tracing::debug!(key = %key, "lock released in the background");
+                core.hub.wake(key);
+                return true;
+            }
+            Ok(Released::Kept) => {
+                tracing::debug!(key = %key, "lock released in the background; its key is kept until its hold ends");
+                // Local waiters look again and wait for the hold's end, not the lease's.
                 core.hub.wake(key);
                 return true;
             }
@@ -181,17 +267,25 @@ pub(crate) struct ReleaseOnDrop<'a> {
     core: &'a Arc<Core>,
     key: &'a str,
     owner: &'a str,
+    /// The end of the hold that keeps the key (see [`end_in_engine`]).
+    hold_until: Option<Instant>,
     armed: bool,
     /// Undoes an acquire request (which may land late) rather than finishing a release.
     compensating: bool,
 }
 
 impl<'a> ReleaseOnDrop<'a> {
-    pub(crate) fn new(core: &'a Arc<Core>, key: &'a str, owner: &'a str) -> Self {
+    pub(crate) fn new(
+        core: &'a Arc<Core>,
+        key: &'a str,
+        owner: &'a str,
+        hold_until: Option<Instant>,
+    ) -> Self {
         Self {
             core,
             key,
             owner,
+            hold_until,
             armed: true,
             compensating: false,
         }
@@ -209,6 +303,7 @@ impl<'a> ReleaseOnDrop<'a> {
             core,
             key,
             owner,
+            hold_until: None,
             armed: true,
             compensating: true,
         }
@@ -227,6 +322,7 @@ impl Drop for ReleaseOnDrop<'_> {
                 self.core.clone(),
                 self.key.to_owned(),
                 self.owner.to_owned(),
+                self.hold_until,
                 self.compensating,
             );
         }

@@ -12,7 +12,11 @@ use std::time::Duration;
 ///
 /// ```
 /// use dlock_runtime::LockError;
-/// let err = LockError::Timeout { key: "stock:42".into(), waited: std::time::Duration::from_secs(1) };
+/// use std::time::Duration;
+/// let err = LockError::Timeout {
+///     key: "stock:42".into(),
+///     waited: Duration::from_secs(1),
+/// };
 /// assert!(err.is_timeout());
 /// assert_eq!(err.to_string(), "lock `stock:42` not acquired within 1s");
 /// ```
@@ -63,6 +67,19 @@ impl LockError {
         matches!(self, Self::InvalidConfig(_))
     }
 
+    /// For [`LockError::Timeout`]: the holder's remaining lease, as the current runtime (the
+    /// innermost [`Runtime::scope`](crate::Runtime::scope), else the installed one) last saw it
+    /// when an acquisition of this key timed out, counted down to now. What `Retry-After` is
+    /// made of (feature `axum`). `None` when unknown: no runtime, an engine that does not say
+    /// (etcd and ZooKeeper queues), a key held by the caller's own call chain, or a lease
+    /// already over.
+    pub fn holder_ttl(&self) -> Option<Duration> {
+        match self {
+            Self::Timeout { key, .. } => crate::core::current().ok()?.busy.remaining(key),
+            _ => None,
+        }
+    }
+
     /// The key the error is about, if any.
     pub fn key(&self) -> Option<&str> {
         match self {
@@ -104,7 +121,7 @@ impl LockError {
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Timeout { key, waited } => {
+            Self::Timeout { key, waited, .. } => {
                 write!(f, "lock `{key}` not acquired within {waited:?}")
             }
             Self::Lost { key } => write!(f, "lease of lock `{key}` was lost while held"),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::LockError;
 use crate::backend::Released;
 use crate::chain::Frame;
-use crate::core::{ReleaseOnDrop, release_in_background};
+use crate::core::{ReleaseOnDrop, end_in_engine, release_in_background};
 use crate::held::Held;
 
 /// A held distributed lock.
@@ -130,8 +130,14 @@ impl LockGuard {
         // If this future is dropped before the engine answers (or the call fails), finish the
         // release in the background: owner-checked, so a no-op if it did land.
         let core = &held.core;
-        let finish = ReleaseOnDrop::new(core, &held.key, &held.owner);
-        let result = core.backend.release(&held.key, &held.owner).await;
+        let finish = ReleaseOnDrop::new(core, &held.key, &held.owner, held.hold_until);
+        let result = end_in_engine(
+            core.backend.as_ref(),
+            &held.key,
+            &held.owner,
+            held.hold_until,
+        )
+        .await;
         if result.is_ok() {
             finish.disarm();
         } else {
@@ -154,6 +160,12 @@ impl LockGuard {
                 Ok(())
             }
             Ok(Released::StillHeld) => Ok(()),
+            Ok(Released::Kept) => {
+                tracing::debug!(key = %held.key, "lock released; its key is kept until its hold ends");
+                // Local waiters look again and wait for the hold's end, not the lease's.
+                core.hub.wake(&held.key);
+                Ok(())
+            }
             Ok(Released::NotOwner) => {
                 core.observer
                     .lost(&held.key, "the release found the lock no longer ours");
@@ -203,6 +215,7 @@ impl Drop for LockGuard {
                     self.held.core.clone(),
                     self.held.key.clone(),
                     self.held.owner.clone(),
+                    self.held.hold_until,
                 );
             }
         }

@@ -71,6 +71,10 @@ pub(crate) struct Slot {
 /// the same terms. `true` when passed: the caller must neither release it in the engine nor
 /// stop its renewals.
 pub(crate) fn pass(held: &Held) -> bool {
+    // A hold that keeps its key (`hold_at_least`) keeps it from every other holder.
+    if held.hold_left().is_some() {
+        return false;
+    }
     if !held.terms.renew || held.lost.lease_lost() || held.lost.valid_for().is_zero() {
         return false;
     }
@@ -99,7 +103,7 @@ pub(crate) fn pass(held: &Held) -> bool {
 /// Releases a hold of `key` nobody will take: its watchdog entry ends and the engine is told.
 fn release(key: &str, baton: Baton) {
     baton.core.watchdog.unregister(baton.watchdog_id);
-    release_in_background(baton.core, key.to_owned(), baton.owner);
+    release_in_background(baton.core, key.to_owned(), baton.owner, None);
 }
 
 /// The last waiter left `queue` (now out of the hub): a hold parked there is released.
@@ -173,7 +177,7 @@ impl<'a> Head<'a> {
         match self.core.watchdog.transfer(baton.watchdog_id) {
             Some(lost) => Some(Held::handed(self.core, key.to_owned(), baton, lost, terms)),
             None => {
-                release_in_background(self.core.clone(), key.to_owned(), baton.owner);
+                release_in_background(self.core.clone(), key.to_owned(), baton.owner, None);
                 None
             }
         }

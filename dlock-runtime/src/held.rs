@@ -28,6 +28,9 @@ pub(crate) struct Held {
     pub(crate) acquired_at: Instant,
     /// The frame that acquired it (0: none, outside any call chain).
     frame: u64,
+    /// Until when the key stays taken whenever the hold ends ([`Terms::hold`] after the
+    /// acquisition's answer arrived); `None` without `hold_at_least`.
+    pub(crate) hold_until: Option<Instant>,
     holds: Mutex<Holds>,
     /// Woken when a scoped re-entry ends or the hold ends: a sibling may take its turn.
     turn: Notify,
@@ -63,6 +66,9 @@ pub(crate) struct Terms {
     pub(crate) renew: bool,
     /// The call-chain frame that will use the hold (0: none).
     pub(crate) frame: u64,
+    /// `hold_at_least`: the key stays taken at least this long after the acquisition, even
+    /// when the hold ends sooner (zero: released at once).
+    pub(crate) hold: Duration,
 }
 
 impl Held {
@@ -138,6 +144,9 @@ impl Held {
             terms,
             fences_end,
             frame: terms.frame,
+            // Counted from now, after the engine answered: later than the engine's own
+            // acquisition, so the key is never kept for less than asked.
+            hold_until: (!terms.hold.is_zero()).then(|| Instant::now() + terms.hold),
             holds: Mutex::new(Holds {
                 count: 1,
                 nested: Vec::new(),
@@ -217,8 +226,22 @@ impl Held {
         self.passed.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// How long the key must still stay taken after this hold ends (`hold_at_least`), if at
+    /// all.
+    pub(crate) fn hold_left(&self) -> Option<Duration> {
+        hold_left(self.hold_until)
+    }
+
     /// Whether the acquisition is still in force.
     pub(crate) fn is_held(&self) -> bool {
         self.holds().count > 0
     }
+}
+
+/// What remains of a hold that keeps its key until `until`: `None` once it passed (or without
+/// a hold).
+pub(crate) fn hold_left(until: Option<Instant>) -> Option<Duration> {
+    until
+        .map(|until| until.saturating_duration_since(Instant::now()))
+        .filter(|left| !left.is_zero())
 }

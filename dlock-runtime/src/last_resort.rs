@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::backend::{Context, DynBackend, EngineConfig, Wakeups};
 use crate::core::Core;
+use tokio::time::Instant;
 
 /// How to reach the engine again, without the runtime's tokio handle.
 pub(crate) struct LastResort {
@@ -48,7 +49,8 @@ impl Wakeups for NoWakeups {
 
 /// Releases `owner`'s hold on `key` without the runtime's tokio handle, waiting at most about
 /// twice the runtime's `timeout` (connect, then release).
-pub(crate) fn release(core: &Arc<Core>, key: &str, owner: &str) {
+/// A hold that keeps its key until `hold_until` keeps it for what is left then.
+pub(crate) fn release(core: &Arc<Core>, key: &str, owner: &str, hold_until: Option<Instant>) {
     let last = &core.last_resort;
     if last.unreachable.load(Ordering::Acquire) {
         tracing::warn!(key = %key, "lock not released at shutdown (engine unreachable); it expires with its lease");
@@ -59,7 +61,7 @@ pub(crate) fn release(core: &Arc<Core>, key: &str, owner: &str) {
     let spawned = std::thread::Builder::new()
         .name("dlock-last-release".into())
         .spawn(move || {
-            let released = release_on_own_runtime(&core2, &key2, &owner2);
+            let released = release_on_own_runtime(&core2, &key2, &owner2, hold_until);
             let _ = done.send(released);
         });
     if spawned.is_err() {
@@ -82,7 +84,12 @@ pub(crate) fn release(core: &Arc<Core>, key: &str, owner: &str) {
     }
 }
 
-fn release_on_own_runtime(core: &Arc<Core>, key: &str, owner: &str) -> Result<(), String> {
+fn release_on_own_runtime(
+    core: &Arc<Core>,
+    key: &str,
+    owner: &str,
+    hold_until: Option<Instant>,
+) -> Result<(), String> {
     let last = &core.last_resort;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -104,7 +111,8 @@ fn release_on_own_runtime(core: &Arc<Core>, key: &str, owner: &str) -> Result<()
                     .map_err(|e| e.to_string())?
             }
         };
-        tokio::time::timeout(last.timeout, backend.release(key, owner))
+        let ending = crate::core::end_in_engine(backend.as_ref(), key, owner, hold_until);
+        tokio::time::timeout(last.timeout, ending)
             .await
             .map_err(|_| "the release timed out".to_owned())?
             .map(drop)

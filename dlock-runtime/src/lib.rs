@@ -13,6 +13,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acquire;
+#[cfg(feature = "axum")]
+mod axum;
 mod backend;
 mod builder;
 mod chain;

@@ -35,6 +35,7 @@ pub enum OnLost {
 /// | [`wait`](LockBuilder::wait) | runtime's (zero) | how long to wait while busy; zero = one attempt |
 /// | [`watchdog`](LockBuilder::watchdog) | `true` | `false`: the lease is a hard cap |
 /// | [`on_lost`](LockBuilder::on_lost) | [`OnLost::Cancel`] | policy of [`with_lock`] when the lease is lost |
+/// | [`hold_at_least`](LockBuilder::hold_at_least) | zero | the key stays taken at least this long after acquisition |
 #[must_use = "a lock builder does nothing until `.acquire().await` or `with_lock`"]
 pub struct LockBuilder {
     rt: Option<Arc<Core>>,
@@ -43,6 +44,7 @@ pub struct LockBuilder {
     wait: Option<Duration>,
     watchdog: bool,
     on_lost: OnLost,
+    hold_at_least: Duration,
 }
 
 impl fmt::Debug for LockBuilder {
@@ -53,6 +55,7 @@ impl fmt::Debug for LockBuilder {
             .field("wait", &self.wait)
             .field("watchdog", &self.watchdog)
             .field("on_lost", &self.on_lost)
+            .field("hold_at_least", &self.hold_at_least)
             .finish()
     }
 }
@@ -89,6 +92,7 @@ impl LockBuilder {
             wait: None,
             watchdog: true,
             on_lost: OnLost::Cancel,
+            hold_at_least: Duration::ZERO,
         }
     }
 
@@ -116,6 +120,47 @@ impl LockBuilder {
     /// Policy of [`with_lock`] (and the attribute) when the lease is lost.
     pub fn on_lost(mut self, policy: OnLost) -> Self {
         self.on_lost = policy;
+        self
+    }
+
+    /// Keeps the key taken until at least `hold` after the acquisition, even when the hold
+    /// ends sooner (ShedLock's `lockAtLeastFor`): a scheduled job that finishes in a moment
+    /// still makes the other nodes' runs of the same period skip.
+    ///
+    /// When the last guard ends (release, drop, panic, cancellation) before `hold` has passed,
+    /// the key is not deleted: it stays taken by the same owner, no longer renewed, and frees
+    /// by itself when the hold ends. Other holders get [`LockError::Timeout`] meanwhile
+    /// (waiters get it when the hold ends, within their `wait`). A hold that lasts longer is
+    /// released as usual. Counted from when the engine's answer arrived, so the key is never
+    /// kept for less than asked (at most a round trip more; etcd rounds up to whole seconds).
+    /// Reentrant acquisitions do not matter, the outermost does. With ZooKeeper, whose nodes
+    /// live with the session, the node is deleted by a task of the runtime at the end of the
+    /// hold: a process that exits meanwhile frees the key early.
+    ///
+    /// Must not be longer than the [`lease`](LockBuilder::lease) (the "at most", with
+    /// `watchdog(false)`), whether the watchdog is on or not: [`LockError::InvalidConfig`] at
+    /// [`acquire`](LockBuilder::acquire) otherwise. Zero (default): released at once.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// # let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+    /// use std::time::Duration;
+    /// let run = rt
+    ///     .lock("job:report")
+    ///     .lease(Duration::from_secs(600))
+    ///     .watchdog(false)
+    ///     .hold_at_least(Duration::from_secs(30))
+    ///     .acquire()
+    ///     .await?;
+    /// // ... the job, done in a moment ...
+    /// run.release().await?;
+    /// // Another node's run of the same period skips:
+    /// assert!(rt.lock("job:report").acquire().await.unwrap_err().is_timeout());
+    /// # Ok(()) }
+    /// ```
+    pub fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = hold;
         self
     }
 
@@ -186,7 +231,7 @@ impl LockBuilder {
                 }
             }
             Ok(_) => {}
-            Err(LockError::Timeout { key, waited }) => observer.timed_out(key, *waited),
+            Err(LockError::Timeout { key, waited, .. }) => observer.timed_out(key, *waited),
             Err(_) => observer.failed(started.elapsed()),
         }
         outcome
@@ -204,6 +249,7 @@ impl LockBuilder {
         let lease = self.lease.unwrap_or(core.default_lease);
         validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
         core.backend.lease_margin(lease)?;
+        validate_hold(self.hold_at_least, lease, &self.key)?;
         let wait = self.wait.unwrap_or(core.default_wait);
         let deadline = started + wait.min(FOREVER);
 
@@ -220,6 +266,7 @@ impl LockBuilder {
             lease,
             renew: self.watchdog,
             frame: user,
+            hold: self.hold_at_least,
         };
         let held = acquire_fresh(core, self.key, terms, wait).await?;
         // A scoped acquisition's frame is made around the hold by the caller.
@@ -243,6 +290,17 @@ pub(crate) fn validate_key(key: &str) -> Result<(), LockError> {
         return Err(LockError::config(format!(
             "lock key of {} bytes is longer than the maximum of {MAX_KEY_LEN} bytes",
             key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `hold_at_least` must not outlast the lease, the "at most" of a scheduled job.
+fn validate_hold(hold: Duration, lease: Duration, key: &str) -> Result<(), LockError> {
+    if hold > lease {
+        return Err(LockError::config(format!(
+            "hold_at_least of {hold:?} is longer than the lease of {lease:?} of lock `{key}`: \
+             the lease is the longest the key stays taken"
         )));
     }
     Ok(())
@@ -369,5 +427,152 @@ pub(crate) async fn protected<T>(
             tracing::warn!(error = %err, "release after the protected code failed");
             Ok(out)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Runtime;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    async fn memory() -> Runtime {
+        Runtime::from_url("memory://")
+            .await
+            .expect("memory runtime")
+    }
+
+    /// Whether another owner gets `key` now (and lets it go again).
+    async fn free(rt: &Runtime, key: &str) -> bool {
+        match rt.lock(key).acquire().await {
+            Ok(guard) => {
+                guard.release().await.expect("release");
+                true
+            }
+            Err(err) => {
+                assert!(err.is_timeout(), "{err}");
+                false
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_hold_keeps_the_key_until_hold_at_least_after_acquisition() {
+        let rt = memory().await;
+        let guard = rt
+            .lock("job")
+            .lease(60 * SEC)
+            .watchdog(false)
+            .hold_at_least(10 * SEC)
+            .acquire()
+            .await
+            .expect("acquire");
+        tokio::time::advance(2 * SEC).await;
+        guard.release().await.expect("release");
+        assert!(!free(&rt, "job").await, "freed when the body ended");
+        tokio::time::advance(7900 * Duration::from_millis(1)).await;
+        assert!(!free(&rt, "job").await, "freed before the hold ended");
+        tokio::time::advance(100 * Duration::from_millis(1)).await;
+        assert!(free(&rt, "job").await, "still taken after the hold ended");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_guard_keeps_the_key_too() {
+        let rt = memory().await;
+        let guard = rt
+            .lock("job")
+            .hold_at_least(5 * SEC)
+            .acquire()
+            .await
+            .expect("acquire");
+        drop(guard);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!free(&rt, "job").await, "freed when the guard was dropped");
+        tokio::time::sleep(5 * SEC).await;
+        assert!(free(&rt, "job").await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_longer_than_hold_at_least_releases_at_once() {
+        let rt = memory().await;
+        let guard = rt
+            .lock("job")
+            .hold_at_least(SEC)
+            .acquire()
+            .await
+            .expect("acquire");
+        tokio::time::advance(2 * SEC).await;
+        guard.release().await.expect("release");
+        assert!(free(&rt, "job").await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_gets_the_key_when_the_hold_ends_not_before() {
+        let rt = memory().await;
+        let guard = rt
+            .lock("job")
+            .hold_at_least(3 * SEC)
+            .acquire()
+            .await
+            .expect("acquire");
+        let waiter = {
+            let rt = rt.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let guard = rt.lock("job").wait(60 * SEC).acquire().await;
+                (started.elapsed(), guard.map(drop))
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        guard.release().await.expect("release");
+        let (waited, got) = waiter.await.expect("waiter task");
+        got.expect("the waiter gets the key");
+        assert!(
+            waited >= Duration::from_millis(2900) && waited < 4 * SEC,
+            "waited {waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reentrant_holds_do_not_matter_the_outermost_does() {
+        let rt = memory().await;
+        rt.scope(with_lock(lock("job").hold_at_least(5 * SEC), async {
+            // Inner hold without a hold_at_least, ended at once: nothing is released.
+            with_lock(lock("job"), async {}).await.expect("re-enter");
+        }))
+        .await
+        .expect("outer");
+        assert!(
+            !free(&rt, "job").await,
+            "the outer hold_at_least was ignored"
+        );
+        tokio::time::sleep(5 * SEC).await;
+        assert!(free(&rt, "job").await);
+    }
+
+    #[tokio::test]
+    async fn hold_at_least_longer_than_the_lease_is_invalid_config() {
+        let rt = memory().await;
+        for watchdog in [false, true] {
+            let err = rt
+                .lock("job")
+                .lease(10 * SEC)
+                .watchdog(watchdog)
+                .hold_at_least(11 * SEC)
+                .acquire()
+                .await
+                .expect_err("hold_at_least > lease");
+            assert!(err.is_invalid_config(), "{err}");
+            assert!(err.to_string().contains("hold_at_least"), "{err}");
+        }
+        let equal = rt
+            .lock("job")
+            .lease(10 * SEC)
+            .hold_at_least(10 * SEC)
+            .acquire()
+            .await
+            .expect("hold_at_least == lease");
+        drop(equal);
     }
 }

@@ -7,17 +7,18 @@
 //! | `PUT /items/{id}` | `{"stock":50}` | `200 {"id":7,"stock":50}` (sets the stock, under the lock) |
 //! | `POST /items/{id}/reserve` | `{"qty":1}` | `200 {"id":7,"reserved":1,"remaining":49,"fence":12}` |
 //!
-//! Errors are JSON `{"error": "...", "message": "..."}` (see [`AppError`]): `409 out_of_stock`,
-//! `409 busy` (the item's lock stayed taken for the whole 200 ms wait; with `Retry-After`),
-//! `404 not_found`, `503 unavailable` (lock engine or store down, or the lease was lost),
-//! `500 internal`. A body that is not `{"qty": n}` with `n >= 1` is rejected by axum's `Json`
+//! Errors are JSON (see [`AppError`]): the service's own `{"error": "...", "message": "..."}`
+//! for `409 out_of_stock`, `404 not_found`, `503 unavailable` (store down); lock errors answer
+//! as dlock-runtime's feature `axum` makes them, `{"error": "<message>", "key": "item:7"}`:
+//! `409` when the item's lock stayed taken for the whole 200 ms wait (with a `Retry-After` of
+//! the holder's remaining lease), `503` when the lock engine is down or the lease was lost,
+//! `500` for a misconfiguration. A body that is not `{"qty": n}` with `n >= 1` is rejected by axum's `Json`
 //! extractor (`422`/`400`) before any lock is taken.
 
 use std::num::NonZeroU32;
-use std::time::Duration;
 
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -184,8 +185,9 @@ pub enum AppError {
         /// Item id.
         id: u64,
     },
-    /// The item's lock could not be taken or kept. `Timeout` is `409 busy`; `Backend` and
-    /// `Lost` are `503 unavailable`; anything else (a misconfiguration) is `500 internal`.
+    /// The item's lock could not be taken or kept: answered by `LockError`'s own
+    /// `IntoResponse` (feature `axum`): `Timeout` is `409` with `Retry-After`, `Backend` and
+    /// `Lost` are `503`, anything else (a misconfiguration) is `500`.
     Lock(LockError),
     /// The stock store failed: `503 unavailable`.
     Store(StoreError),
@@ -247,19 +249,19 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// How long a client told "busy" should wait before retrying.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
-
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let (status, error) = match &self {
             AppError::OutOfStock { .. } => (StatusCode::CONFLICT, "out_of_stock"),
             AppError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
-            AppError::Lock(LockError::Timeout { .. }) => (StatusCode::CONFLICT, "busy"),
-            AppError::Lock(LockError::Backend(_) | LockError::Lost { .. }) | AppError::Store(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            AppError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            AppError::Lock(err) => {
+                let response = err.clone().into_response();
+                if response.status().is_server_error() {
+                    tracing::error!(error = %error_chain(&self), "request failed");
+                }
+                return response;
             }
-            AppError::Lock(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         if status.is_server_error() {
             tracing::error!(error = %error_chain(&self), "request failed");
@@ -268,13 +270,6 @@ impl IntoResponse for AppError {
             error: error.to_owned(),
             message: self.to_string(),
         };
-        let mut response = (status, Json(body)).into_response();
-        if error == "busy" {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(RETRY_AFTER.as_secs()),
-            );
-        }
-        response
+        (status, Json(body)).into_response()
     }
 }

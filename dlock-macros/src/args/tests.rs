@@ -19,9 +19,10 @@ fn errors(args: &str) -> Vec<String> {
 fn all_arguments() {
     let args = validate(
         r#"key = "stock:{id}", lease = "30s", wait = "250ms", watchdog = false,
-           on_lost = "ignore", crate = "dl""#,
+           on_lost = "ignore", hold_at_least = "10s", crate = "dl""#,
     )
     .unwrap();
+    assert_eq!(args.hold_at_least, Some(10_000));
     assert_eq!(args.key.value(), "stock:{id}");
     assert_eq!(args.lease, Some(30_000));
     assert_eq!(args.wait, Some(250));
@@ -68,7 +69,7 @@ fn unknown_and_duplicate_arguments() {
     assert_eq!(
         errors(r#"key = "k", ttl = "30s""#),
         [
-            "unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `crate`"
+            "unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `crate`"
         ]
     );
     assert_eq!(
@@ -149,4 +150,25 @@ fn collects_every_error() {
 fn syntax_errors_stop_the_parse() {
     assert_eq!(errors(r#"key: "k""#), ["expected `=` after `key`"]);
     assert_eq!(errors(r#"key = "k" lease = "1s""#), ["expected `,`"]);
+}
+
+#[test]
+fn hold_at_least_is_at_most_the_lease() {
+    assert_eq!(
+        errors(r#"key = "job", lease = "30s", hold_at_least = "1m""#),
+        [
+            "`hold_at_least = \"1m\"` is longer than `lease = \"30s\"`; the key stays taken at most for the lease: shorten `hold_at_least` or lengthen `lease`"
+        ]
+    );
+    // Equal is fine; without a lease the runtime checks against its default lease.
+    let args = validate(r#"key = "job", hold_at_least = "30s", lease = "30s""#).unwrap();
+    assert_eq!(args.hold_at_least, Some(30_000));
+    let args = validate(r#"key = "job", hold_at_least = "2m""#).unwrap();
+    assert_eq!(args.hold_at_least, Some(120_000));
+    assert_eq!(
+        errors(r#"key = "job", hold_at_least = 30"#),
+        [
+            "expected a string literal with a unit for `hold_at_least`, e.g. `hold_at_least = \"30s\"`"
+        ]
+    );
 }

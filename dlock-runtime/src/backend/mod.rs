@@ -103,6 +103,9 @@ pub(crate) enum Released {
     StillHeld,
     /// The key is not ours (expired, deleted, or taken by someone else).
     NotOwner,
+    /// The hold ended, but the key stays ours until it expires by itself
+    /// ([`Backend::release_after`]).
+    Kept,
 }
 
 /// Where an engine delivers "this key may be free now" (the runtime's wait hub). Engines that
@@ -267,6 +270,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
         owner: &str,
     ) -> impl Future<Output = Result<Released, LockError>> + Send;
 
+    /// Owner-checked end of a hold whose key must stay taken `hold` longer (`hold_at_least`):
+    /// the key stays `owner`'s, no longer renewed, and frees by itself after `hold` (never
+    /// sooner). `Kept`, or `NotOwner` when the key is no longer ours. Other runtimes' waiters
+    /// may be told to look again (they find the key taken, with the hold's remaining TTL).
+    fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> impl Future<Output = Result<Released, LockError>> + Send;
+
     /// Deletes the lock whoever holds it; `true` when there was one.
     fn force_unlock(&self, key: &str) -> impl Future<Output = Result<bool, LockError>> + Send;
 
@@ -284,6 +298,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Every lock held now whose key starts with `prefix`, in any order (the runtime sorts
     /// them); as [`Backend::inspect`] for each.
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<LockInfo>, LockError>> + Send;
+
+    /// The holder's remaining lease, for an attempt that found `key` busy without saying how
+    /// long (Redis answers a first attempt with the holder's value only). `None` when the
+    /// engine cannot tell (default) or nobody holds it.
+    fn holder_ttl(&self, _key: &str) -> impl Future<Output = Option<Duration>> + Send {
+        async { None }
+    }
 
     /// Starts delivering "may be free" notifications for `key` to [`Context::wakeups`].
     /// Resolves once notifications flow (a release after this point is not missed). Engines
@@ -364,10 +385,17 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         key: &'a str,
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Released, LockError>>;
+    fn release_after<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        hold: Duration,
+    ) -> BoxFuture<'a, Result<Released, LockError>>;
     fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
     fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>>;
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>>;
+    fn holder_ttl<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Duration>>;
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
     fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
     /// `None` when the engine has no queue of its own (the runtime waits itself).
@@ -417,6 +445,15 @@ impl<B: Backend> DynBackend for B {
         Box::pin(Backend::release(self, key, owner))
     }
 
+    fn release_after<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        hold: Duration,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(Backend::release_after(self, key, owner, hold))
+    }
+
     fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(Backend::force_unlock(self, key))
     }
@@ -431,6 +468,10 @@ impl<B: Backend> DynBackend for B {
 
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
         Box::pin(Backend::list(self, prefix))
+    }
+
+    fn holder_ttl<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Duration>> {
+        Box::pin(Backend::holder_ttl(self, key))
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {

@@ -80,6 +80,15 @@ impl Backend for Counting {
         Backend::release(&self.inner, key, owner).await
     }
 
+    async fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<crate::backend::Released, crate::LockError> {
+        Backend::release_after(&self.inner, key, owner, hold).await
+    }
+
     async fn force_unlock(&self, key: &str) -> Result<bool, crate::LockError> {
         Backend::force_unlock(&self.inner, key).await
     }

@@ -7,8 +7,9 @@
 //! ```
 //!
 //! The key comes from the `Path(id)` pattern; a reservation that cannot get the item's lock
-//! within 200 ms answers `409 busy` (`AppError` maps `LockError::Timeout` to 409,
-//! `Backend`/`Lost` to 503). Routes and bodies: see `dlock_examples::inventory`.
+//! within 200 ms answers `409` with a `Retry-After` of the holder's remaining lease (`AppError`
+//! hands lock errors to `LockError`'s `IntoResponse`, dlock-runtime's feature `axum`:
+//! `Timeout` 409, `Backend`/`Lost` 503). Routes and bodies: see `dlock_examples::inventory`.
 //!
 //! Run it on the embedded memory engine (one process):
 //!

@@ -22,6 +22,7 @@ mod exit_paths;
 mod faults;
 mod fencing;
 mod fixture;
+mod hold;
 mod inspect;
 mod lease;
 mod reentrancy;
@@ -80,7 +81,9 @@ conformance!(
     inspect::held_locks_are_listed_with_their_holder,
     inspect::reentered_lock_is_one_hold_with_the_outer_fence,
     inspect::waiters_are_not_holders,
-    inspect::reservations_and_foreign_values_are_not_holders;
+    inspect::reservations_and_foreign_values_are_not_holders,
+    hold::a_short_run_keeps_the_key_until_hold_at_least,
+    hold::a_run_longer_than_hold_at_least_releases_at_once;
 
     // The memory engine lives inside its runtime: it cannot be killed or restarted while the
     // runtime holds a lock (a process crash takes the holder with it), so the engine-down

@@ -1,4 +1,4 @@
-// `watchdog`, `on_lost` and `crate` with a renamed runtime crate.
+// `watchdog`, `on_lost`, `hold_at_least` and `crate` with a renamed runtime crate.
 #![deny(warnings)]
 #![allow(dead_code)]
 
@@ -36,6 +36,16 @@ async fn ledger_cancel() -> Result<(), LockError> {
 )]
 async fn renamed(id: u64) -> Result<u64, LockError> {
     Ok(id)
+}
+
+#[dl::distributed_lock(key = "job:report", lease = "10m", watchdog = false, hold_at_least = "30s")]
+async fn report() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[dl::distributed_lock(key = "job:sweep", hold_at_least = "5s")]
+async fn sweep() -> Result<(), LockError> {
+    Ok(())
 }
 
 mod reexport {

@@ -35,8 +35,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse,
 };
 use tokio::time::Instant;
 
@@ -189,6 +189,34 @@ impl EtcdBackend {
                 }
                 pause = (pause * 2).min(Duration::from_millis(250));
             }
+        });
+    }
+
+    /// Deletes `contender_key` in the background once `hold` has passed: the end of a hold
+    /// that keeps its key, when moving the key to a lease of that TTL got no answer.
+    fn remove_after(&self, contender_key: String, hold: Duration) {
+        let alive = Arc::downgrade(&self.alive);
+        let backend = (self.client.clone(), self.timeout);
+        tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            if alive.upgrade().is_none() {
+                return;
+            }
+            let (mut c, timeout) = backend;
+            if let Ok(Ok(_)) =
+                tokio::time::timeout(timeout, c.delete(contender_key.as_str(), None)).await
+            {
+                return;
+            }
+            tracing::debug!(key = %contender_key, "a kept key was not deleted at the end of its hold; it expires with its lease");
+        });
+    }
+
+    /// Revokes `lease` in the background (it would expire at its TTL anyway).
+    fn revoke_later(&self, lease: i64) {
+        let (mut c, timeout) = (self.client.clone(), self.timeout);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, c.lease_revoke(lease)).await;
         });
     }
 
@@ -388,6 +416,64 @@ impl Backend for EtcdBackend {
         // Nothing deleted: the key had gone (lease expired or revoked, deleted from outside),
         // or the acquire request this release compensates has not landed (yet).
         self.bury(key, owner, &contender_key).await?;
+        Ok(Released::NotOwner)
+    }
+
+    async fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<Released, LockError> {
+        // The key moves to a lease of its own with the hold's TTL (rounded up to whole
+        // seconds; the server may raise it to its minimum), owner-checked: it keeps its create
+        // revision (its place at the head of the queue) and the server deletes it when that
+        // lease ends, which is the event the next waiter watches for.
+        let contender_key = self.contender_key(key, owner);
+        let ttl = ttl_seconds(hold);
+        let lease = match self
+            .bounded(Some(key), "release failed", |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
+            .await
+        {
+            Ok(granted) => granted.id(),
+            Err(err) => {
+                self.remove_after(contender_key, hold);
+                return Err(err);
+            }
+        };
+        let ours = contender_key.as_str();
+        let txn = Txn::new()
+            .when([Compare::create_revision(ours, CompareOp::Greater, 0)])
+            .and_then([TxnOp::put(
+                ours,
+                owner,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let kept = match self
+            .bounded(Some(key), "release failed", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+        {
+            Ok(answer) => answer.succeeded(),
+            Err(err) => {
+                self.remove_after(contender_key, hold);
+                return Err(err);
+            }
+        };
+        if let Some(contender) = self.contenders().remove(owner)
+            && contender.shared.is_none()
+        {
+            // The key left that lease: revoking it deletes nothing.
+            self.revoke_later(contender.lease);
+        }
+        if kept {
+            return Ok(Released::Kept);
+        }
+        self.revoke_later(lease);
         Ok(Released::NotOwner)
     }
 

@@ -109,6 +109,19 @@ impl MemoryBackend {
         }
     }
 
+    fn release_after_now(&self, key: &str, owner: &str, hold: Duration) -> Released {
+        let now = Instant::now();
+        let mut state = self.state();
+        match Self::live(&mut state, key, now) {
+            Some(entry) if entry.owner == owner => {
+                entry.count = 1;
+                entry.expires = now + hold;
+                Released::Kept
+            }
+            _ => Released::NotOwner,
+        }
+    }
+
     fn renew_now(&self, batch: &[Renewal]) -> Vec<bool> {
         let now = Instant::now();
         let mut state = self.state();
@@ -136,6 +149,15 @@ impl Backend for MemoryBackend {
 
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
         Ok(self.release_now(key, owner))
+    }
+
+    async fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<Released, LockError> {
+        Ok(self.release_after_now(key, owner, hold))
     }
 
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
@@ -242,6 +264,25 @@ mod tests {
             panic!("free key must be acquired");
         };
         assert!(f2 > f1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_key_expires_when_its_hold_ends() {
+        let m = MemoryBackend::new();
+        m.acquire_now("k", "a", LEASE);
+        let hold = Duration::from_secs(3);
+        assert_eq!(m.release_after_now("k", "z", hold), Released::NotOwner);
+        assert_eq!(m.release_after_now("k", "a", hold), Released::Kept);
+        tokio::time::advance(Duration::from_millis(2999)).await;
+        assert!(matches!(
+            m.acquire_now("k", "b", LEASE),
+            Attempt::Busy { .. }
+        ));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(matches!(
+            m.acquire_now("k", "b", LEASE),
+            Attempt::Acquired { .. }
+        ));
     }
 
     #[tokio::test(start_paused = true)]

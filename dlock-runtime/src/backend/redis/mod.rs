@@ -359,6 +359,29 @@ impl Backend for RedisBackend {
         })
     }
 
+    async fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<Released, LockError> {
+        let reply: i64 = self
+            .run_script(&self.scripts.hold, Some(key), "release failed", |cmd| {
+                cmd.arg(1)
+                    .arg(self.names.lock(key))
+                    .arg(owner)
+                    .arg(millis_ceil(hold))
+                    .arg(self.names.channel(key))
+                    .arg(&self.origin)
+                    .arg(self.link.publish_command());
+            })
+            .await?;
+        Ok(match reply {
+            1 => Released::Kept,
+            _ => Released::NotOwner,
+        })
+    }
+
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let reply: i64 = self
             .run_script(
@@ -397,6 +420,17 @@ impl Backend for RedisBackend {
             .iter()
             .map(Holding::info)
             .collect())
+    }
+
+    async fn holder_ttl(&self, key: &str) -> Option<Duration> {
+        let mut conn = self.link.handle();
+        let cmd = redis::cmd("PTTL").arg(self.names.lock(key)).clone();
+        let pttl: i64 = self
+            .call(Some(key), "lookup failed", cmd.query_async(&mut conn))
+            .await
+            .ok()?;
+        // -2: no key, -1: no TTL.
+        u64::try_from(pttl).ok().map(Duration::from_millis)
     }
 
     async fn watch(&self, key: &str) -> Result<(), LockError> {

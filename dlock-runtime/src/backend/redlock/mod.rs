@@ -198,9 +198,16 @@ impl RedlockBackend {
     /// its copy of the lock until the lease runs out. Owner-checked, so harmless where the
     /// first attempt did land.
     fn release_later(&self, node: &Arc<RedisBackend>, key: &str, owner: &str) {
+        self.release_at(node, key, owner, Duration::ZERO);
+    }
+
+    /// As [`release_later`](Self::release_later), starting `after` from now (the end of a
+    /// hold that keeps the key).
+    fn release_at(&self, node: &Arc<RedisBackend>, key: &str, owner: &str, after: Duration) {
         let (node, key, owner) = (node.clone(), key.to_owned(), owner.to_owned());
         let timeout = self.node_timeout;
         tokio::spawn(async move {
+            tokio::time::sleep(after).await;
             let mut delay = Duration::from_millis(100);
             for _ in 0..RELEASE_RETRIES {
                 tokio::time::sleep(delay).await;
@@ -396,6 +403,35 @@ impl Backend for RedlockBackend {
         }
     }
 
+    async fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<Released, LockError> {
+        // Each node counts the hold on its own clock: the drift allowance is added, so that
+        // no majority frees the key before the hold ends on this process's clock.
+        let kept_for = hold.saturating_add(drift(hold));
+        let answers = self
+            .on_all(Some(key), |_, node| {
+                node.release_after(key, owner, kept_for)
+            })
+            .await;
+        for (node, answer) in self.nodes.iter().zip(&answers) {
+            if answer.is_err() {
+                // Its copy (if any) is released once the hold is over on every clock.
+                self.release_at(node, key, owner, kept_for);
+            }
+        }
+        if answers.iter().any(|a| matches!(a, Ok(Released::Kept))) {
+            Ok(Released::Kept)
+        } else if answers.iter().all(Result::is_err) {
+            Err(self.no_quorum(key, &answers))
+        } else {
+            Ok(Released::NotOwner)
+        }
+    }
+
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let answers = self
             .on_all(Some(key), |_, node| node.force_unlock(key))
@@ -404,6 +440,21 @@ impl Backend for RedlockBackend {
             return Err(self.no_quorum(key, &answers));
         }
         Ok(answers.iter().any(|a| matches!(a, Ok(true))))
+    }
+
+    async fn holder_ttl(&self, key: &str) -> Option<Duration> {
+        // Until fewer than a majority keep the key: the quorum-th longest TTL.
+        let answers = self
+            .on_all(Some(key), |_, node| async move {
+                Ok::<_, LockError>(node.holder_ttl(key).await)
+            })
+            .await;
+        let mut ttls: Vec<Duration> = answers
+            .into_iter()
+            .filter_map(|a| a.ok().flatten())
+            .collect();
+        ttls.sort_unstable_by(|a, b| b.cmp(a));
+        ttls.get(self.quorum.checked_sub(1)?).copied()
     }
 
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {

@@ -327,6 +327,12 @@ impl ZooKeeperBackend {
     /// with the session). Left alone, a node of a live session would keep its place in line
     /// for as long as the process runs.
     fn remove_later(&self, key: &str, owner: &str) {
+        self.remove_after(key, owner, REMOVAL_PAUSE_FIRST);
+    }
+
+    /// As [`remove_later`](Self::remove_later), first trying once `first` has passed (the end
+    /// of a hold that keeps the key: ZooKeeper nodes have no TTL of their own).
+    fn remove_after(&self, key: &str, owner: &str, first: Duration) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -344,9 +350,9 @@ impl ZooKeeperBackend {
         let (key, owner, parent) = (key.to_owned(), owner.to_owned(), self.parent(key));
         handle.spawn(async move {
             let marker = marker(&owner);
+            tokio::time::sleep(first).await;
             let mut pause = REMOVAL_PAUSE_FIRST;
             loop {
-                tokio::time::sleep(pause).await;
                 let Some(session) = session.upgrade() else {
                     return;
                 };
@@ -369,6 +375,7 @@ impl ZooKeeperBackend {
                         }
                     }
                 }
+                tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(REMOVAL_PAUSE_MAX);
             }
         });
@@ -602,6 +609,50 @@ impl Backend for ZooKeeperBackend {
         self.contenders().remove(owner);
         self.remove_later(key, owner);
         Err(unanswered)
+    }
+
+    async fn release_after(
+        &self,
+        key: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<Released, LockError> {
+        // Nodes are ephemeral, with no TTL: the node stays, and a task of this runtime deletes
+        // it when the hold ends (retried until the server answers). Should the process exit
+        // (or its session expire) before that, the server deletes it with the session: the
+        // key frees early then.
+        let Some(node) = self.contenders().get(owner).cloned() else {
+            // No record (a release from a new connection): a node of this owner, if any, goes
+            // when the hold ends.
+            self.remove_after(key, owner, hold);
+            return Ok(Released::Kept);
+        };
+        let client = self.session.client();
+        let found = self
+            .session
+            .within(Some(key), "release failed", client.check_stat(&node))
+            .await;
+        match found {
+            Ok(Ok(Some(_))) => {
+                self.contenders().remove(owner);
+                self.remove_after(key, owner, hold);
+                Ok(Released::Kept)
+            }
+            Ok(Ok(None)) => {
+                self.contenders().remove(owner);
+                Ok(Released::NotOwner)
+            }
+            Ok(Err(e)) => {
+                self.contenders().remove(owner);
+                self.remove_after(key, owner, hold);
+                Err(self.session.failed(Some(key), "release failed", e).await)
+            }
+            Err(e) => {
+                self.contenders().remove(owner);
+                self.remove_after(key, owner, hold);
+                Err(e)
+            }
+        }
     }
 
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
