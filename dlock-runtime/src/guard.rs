@@ -4,8 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::LockError;
-use crate::backend::Released;
+use crate::backend::{Extension, Released};
 use crate::chain::Frame;
 use crate::core::{ReleaseOnDrop, end_in_engine, release_in_background};
 use crate::held::Held;
@@ -115,7 +117,8 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         self.active = false;
         let held = self.held.clone();
-        if !self.leave() {
+        let exit = self.leave();
+        if exit == Exit::Nothing {
             if held.passed() {
                 return Ok(());
             }
@@ -131,13 +134,23 @@ impl LockGuard {
         // release in the background: owner-checked, so a no-op if it did land.
         let core = &held.core;
         let finish = ReleaseOnDrop::new(core, &held.key, &held.owner, held.hold_until);
-        let result = end_in_engine(
-            core.backend.as_ref(),
-            &held.key,
-            &held.owner,
-            held.hold_until,
-        )
-        .await;
+        let result = if exit == Exit::Extend {
+            match extend_for_the_next(&held).await {
+                Some(result) => result,
+                None => {
+                    finish.disarm();
+                    return Ok(());
+                }
+            }
+        } else {
+            end_in_engine(
+                core.backend.as_ref(),
+                &held.key,
+                &held.owner,
+                held.hold_until,
+            )
+            .await
+        };
         if result.is_ok() {
             finish.disarm();
         } else {
@@ -178,9 +191,11 @@ impl LockGuard {
         }
     }
 
-    /// Drops this guard's hold; `true` when the engine must be told (the first guard, unless
-    /// it handed the lock to a waiter of this runtime, see [`crate::handoff`]).
-    fn leave(&mut self) -> bool {
+    /// Drops this guard's hold and says what the engine must be told: nothing (a re-entry, or
+    /// the lock went to a waiter of this runtime, see [`crate::handoff`]), a release, or a
+    /// release that may keep the lock for the waiter next in line (its block of tokens used
+    /// up; the watchdog entry stays until then).
+    fn leave(&mut self) -> Exit {
         match &self.role {
             Role::First { frame } => {
                 if let Some(frame) = frame {
@@ -193,16 +208,61 @@ impl LockGuard {
                 }
                 if crate::handoff::pass(&self.held) {
                     self.held.mark_passed();
-                    return false;
+                    return Exit::Nothing;
+                }
+                if crate::handoff::wants_extension(&self.held) {
+                    return Exit::Extend;
                 }
                 self.held.core.watchdog.unregister(self.held.watchdog_id);
-                true
+                Exit::Release
             }
             Role::Reentrant { scope } => {
                 self.held.leave(*scope);
-                false
+                Exit::Nothing
             }
         }
+    }
+}
+
+/// What the end of a guard asks of the engine (see [`LockGuard::leave`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    Nothing,
+    Release,
+    Extend,
+}
+
+/// Ends `held`, whose block of tokens is used up while a waiter of this runtime wants it
+/// next, in one round trip: the engine keeps it with a new block (then it is handed over,
+/// `None`) unless another runtime waits (then it is released). Otherwise the release's answer.
+async fn extend_for_the_next(held: &Held) -> Option<Result<Released, LockError>> {
+    let core = &held.core;
+    let lease = held.terms.lease;
+    // Renewals stop until the engine answers; a new entry counts from this send.
+    core.watchdog.unregister(held.watchdog_id);
+    let sent_at = Instant::now();
+    match core
+        .backend
+        .release_or_extend(&held.key, &held.owner, lease)
+        .await
+    {
+        Ok(Extension::Extended { last }) => {
+            // Checked when the lock was requested; counting on nothing is the safe answer.
+            let drift = core.backend.lease_margin(lease).unwrap_or(lease);
+            let (id, _) =
+                core.watchdog
+                    .register(&held.key, &held.owner, lease, drift, true, sent_at);
+            if crate::handoff::pass_extended(held, last, id) {
+                held.mark_passed();
+                tracing::trace!(key = %held.key, "lock kept with a new block of fences for the next waiter");
+                return None;
+            }
+            // The waiter left meanwhile.
+            core.watchdog.unregister(id);
+            Some(core.backend.release(&held.key, &held.owner).await)
+        }
+        Ok(Extension::Released(released)) => Some(Ok(released)),
+        Err(err) => Some(Err(err)),
     }
 }
 
@@ -210,7 +270,12 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.active {
             self.active = false;
-            if self.leave() {
+            let exit = self.leave();
+            if exit == Exit::Extend {
+                // No waiting here: released in the background, the next holder attempts.
+                self.held.core.watchdog.unregister(self.held.watchdog_id);
+            }
+            if exit != Exit::Nothing {
                 release_in_background(
                     self.held.core.clone(),
                     self.held.key.clone(),

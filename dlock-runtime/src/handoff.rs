@@ -67,6 +67,17 @@ pub(crate) struct Slot {
     baton: Option<Baton>,
 }
 
+impl Slot {
+    fn fits(&self, lease: Duration) -> bool {
+        let head_fits = match self.head {
+            HeadTerms::Vacant => true,
+            HeadTerms::Renewed(head) => head == lease,
+            HeadTerms::None => false,
+        };
+        head_fits && self.baton.is_none()
+    }
+}
+
 /// Passes `held` (its last guard just ended) to the head waiter of its key, if one waits with
 /// the same terms. `true` when passed: the caller must neither release it in the engine nor
 /// stop its renewals.
@@ -100,6 +111,52 @@ pub(crate) fn pass(held: &Held) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `held` (its last guard just ended, [`pass`] declined) has used up its block of
+/// tokens while a head waiter of this runtime wants it with the same terms: then the engine is
+/// asked to keep it with a new block ([`Backend::release_or_extend`]: one round trip, where a
+/// release and the head's attempt take two), unless another runtime waits.
+///
+/// [`Backend::release_or_extend`]: crate::backend::Backend::release_or_extend
+pub(crate) fn wants_extension(held: &Held) -> bool {
+    if held.hold_left().is_some()
+        || !held.terms.renew
+        || held.lost.lease_lost()
+        || held.lost.valid_for().is_zero()
+        || held.core.backend.fence_block() <= 1
+    {
+        return false;
+    }
+    let used_up = held
+        .fence
+        .and_then(|f| f.checked_add(1))
+        .is_some_and(|next| next >= held.fences_end);
+    used_up
+        && held
+            .core
+            .hub
+            .with_queue(&held.key, |queue| queue.fits(held.terms.lease))
+            .unwrap_or(false)
+}
+
+/// Hands `held`, kept by the engine with a new block of tokens ending at `last` and tracked
+/// by the watchdog as `watchdog_id`, to the head waiter (or parks it for the next head).
+/// `false` when no waiter takes it now: the caller releases it.
+pub(crate) fn pass_extended(held: &Held, last: u64, watchdog_id: u64) -> bool {
+    let block = held.core.backend.fence_block();
+    let baton = Baton {
+        core: held.core.clone(),
+        owner: held.owner.clone(),
+        fence: last.saturating_sub(block.saturating_sub(1)).max(1),
+        fences_end: last.saturating_add(1),
+        watchdog_id,
+        lease: held.terms.lease,
+    };
+    held.core
+        .hub
+        .with_queue(&held.key, |queue| queue.offer(baton))
+        .unwrap_or(false)
+}
+
 /// Releases a hold of `key` nobody will take: its watchdog entry ends and the engine is told.
 fn release(key: &str, baton: Baton) {
     baton.core.watchdog.unregister(baton.watchdog_id);
@@ -120,16 +177,17 @@ impl KeyQueue {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether a hold with `lease` would be taken by the head waiter, or parked for the next
+    /// head: nobody has one yet, and the head (if any) asks for the same terms.
+    fn fits(&self, lease: Duration) -> bool {
+        self.slot().fits(lease)
+    }
+
     /// Gives `baton` to the head waiter if it waits with the same terms and has none yet, or
     /// parks it for the next head if there is none yet. Called under the hub's lock.
     fn offer(&self, baton: Baton) -> bool {
         let mut slot = self.slot();
-        let fits = match slot.head {
-            HeadTerms::Vacant => true,
-            HeadTerms::Renewed(lease) => lease == baton.lease,
-            HeadTerms::None => false,
-        };
-        if !fits || slot.baton.is_some() {
+        if !slot.fits(baton.lease) {
             return false;
         }
         slot.baton = Some(baton);

@@ -38,6 +38,8 @@ pub mod scripts {
     pub const RENEW: &str = script::RENEW_LUA;
     /// `release.lua`.
     pub const RELEASE: &str = script::RELEASE_LUA;
+    /// `extend.lua`.
+    pub const EXTEND: &str = script::EXTEND_LUA;
     /// `force_unlock.lua`.
     pub const FORCE_UNLOCK: &str = script::FORCE_UNLOCK_LUA;
 }

@@ -91,6 +91,44 @@ async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
     );
 }
 
+/// Sixteen tasks of one runtime on one key for twenty blocks of fences: while only waiters
+/// of this runtime want the key, it is never released in Redis between blocks; a used-up
+/// block is followed by a new one in the same round trip (`extend.lua`), and every holder's
+/// fence is still above the previous holder's. Without it, each block ended with a release
+/// and an attempt by the next holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_key_wanted_only_by_its_runtime_is_kept_across_blocks() {
+    let (server, rt) = redis_with_runtime().await;
+    const TASKS: usize = 16;
+    const EACH: usize = 20;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (sets, dels) = (server.set_calls().await, server.command_calls("del").await);
+    let tasks = contend(&rt, "handoff:kept", (TASKS, EACH, HOLD), 0, &order).await;
+    finish_within(tasks, Duration::from_secs(60)).await;
+    let attempts = server.set_calls().await - sets;
+    let releases = server.command_calls("del").await - dels;
+    let order = order.lock().unwrap().clone();
+    let acquisitions = order.len() as u64;
+    assert_eq!(acquisitions, (TASKS * EACH) as u64);
+    assert_increasing(&order);
+    let blocks = acquisitions.div_ceil(FENCE_BLOCK);
+    println!(
+        "{acquisitions} acquisitions ({blocks} blocks): {attempts} attempts and {releases} \
+         releases in Redis"
+    );
+    // The first attempts of tasks that started before anybody queued; the release at the end
+    // (and one or two while the queue formed or emptied).
+    assert!(
+        attempts <= TASKS as u64 + 4,
+        "{attempts} attempts for {blocks} blocks: the key was taken again after used-up blocks"
+    );
+    assert!(
+        releases <= 3,
+        "{releases} releases in Redis for {blocks} blocks: the key was released between blocks \
+         although only waiters of its runtime wanted it"
+    );
+}
+
 /// Holders that release at once (nothing awaited between acquire and release): the waiter
 /// next in line has often not taken its place at the head of the queue yet (its turn was
 /// granted, its task not polled). The hold is parked for it, so the lock still passes without

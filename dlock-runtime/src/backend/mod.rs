@@ -108,6 +108,16 @@ pub(crate) enum Released {
     Kept,
 }
 
+/// What [`Backend::release_or_extend`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extension {
+    /// Still the owner's, its lease renewed, with a new block of fencing tokens ending at
+    /// `last` (see [`Backend::fence_block`]).
+    Extended { last: u64 },
+    /// Released instead, as [`Backend::release`] answers.
+    Released(Released),
+}
+
 /// Where an engine delivers "this key may be free now" (the runtime's wait hub). Engines that
 /// notify (Redis pub/sub) call it from their connection's push handler.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -270,6 +280,19 @@ pub(crate) trait Backend: Send + Sync + 'static {
         owner: &str,
     ) -> impl Future<Output = Result<Released, LockError>> + Send;
 
+    /// The end of a hold whose block of fencing tokens is used up while a waiter of this
+    /// runtime wants the key next: an engine that reserves blocks may keep the hold for it (a
+    /// new block, the lease renewed) when no other runtime waits; otherwise, and by default,
+    /// a release.
+    fn release_or_extend(
+        &self,
+        key: &str,
+        owner: &str,
+        _lease: Duration,
+    ) -> impl Future<Output = Result<Extension, LockError>> + Send {
+        async move { self.release(key, owner).await.map(Extension::Released) }
+    }
+
     /// Owner-checked end of a hold whose key must stay taken `hold` longer (`hold_at_least`):
     /// the key stays `owner`'s, no longer renewed, and frees by itself after `hold` (never
     /// sooner). `Kept`, or `NotOwner` when the key is no longer ours. Other runtimes' waiters
@@ -385,6 +408,12 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         key: &'a str,
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Released, LockError>>;
+    fn release_or_extend<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Extension, LockError>>;
     fn release_after<'a>(
         &'a self,
         key: &'a str,
@@ -443,6 +472,15 @@ impl<B: Backend> DynBackend for B {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(Backend::release(self, key, owner))
+    }
+
+    fn release_or_extend<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Extension, LockError>> {
+        Box::pin(Backend::release_or_extend(self, key, owner, lease))
     }
 
     fn release_after<'a>(

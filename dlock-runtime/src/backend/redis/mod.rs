@@ -30,7 +30,7 @@ pub(crate) use names::{Names, hash_slot};
 use self::cluster::ClusterLink;
 use self::link::Link;
 use self::script::{FENCE_FLOOR_MIN, Scripts, decode_acquire, millis_ceil};
-use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
+use super::{Attempt, Backend, Context, EngineResult, Extension, Released, Renewal};
 use crate::{LockError, LockInfo};
 
 /// How long the fence counter outlives the last lock on its key (every acquisition and renewal
@@ -356,6 +356,35 @@ impl Backend for RedisBackend {
         Ok(match reply {
             1 => Released::Freed,
             _ => Released::NotOwner,
+        })
+    }
+
+    async fn release_or_extend(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Extension, LockError> {
+        let reply: i64 = self
+            .run_script(&self.scripts.extend, Some(key), "release failed", |cmd| {
+                cmd.arg(2)
+                    .arg(self.names.lock(key))
+                    .arg(self.names.fence(key))
+                    .arg(owner)
+                    .arg(millis_ceil(lease))
+                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
+                    .arg(FENCE_FLOOR_MIN)
+                    .arg(FENCE_BLOCK)
+                    .arg(self.names.channel(key))
+                    .arg(&self.origin)
+                    .arg(self.link.publish_command())
+                    .arg(millis_ceil(RESERVATION));
+            })
+            .await?;
+        Ok(match u64::try_from(reply) {
+            Ok(last @ 1..) => Extension::Extended { last },
+            _ if reply == -1 => Extension::Released(Released::Freed),
+            _ => Extension::Released(Released::NotOwner),
         })
     }
 

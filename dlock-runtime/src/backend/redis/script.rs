@@ -16,6 +16,7 @@ pub(crate) const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
 pub(crate) const FLOOR_LUA: &str = include_str!("lua/floor.lua");
 pub(crate) const RENEW_LUA: &str = include_str!("lua/renew.lua");
 pub(crate) const RELEASE_LUA: &str = include_str!("lua/release.lua");
+pub(crate) const EXTEND_LUA: &str = include_str!("lua/extend.lua");
 pub(crate) const HOLD_LUA: &str = include_str!("lua/hold.lua");
 pub(crate) const FORCE_UNLOCK_LUA: &str = include_str!("lua/force_unlock.lua");
 pub(crate) const INSPECT_LUA: &str = include_str!("lua/inspect.lua");
@@ -42,6 +43,7 @@ pub(super) struct Scripts {
     pub(super) floor: Lua,
     pub(super) renew: Lua,
     pub(super) release: Lua,
+    pub(super) extend: Lua,
     pub(super) hold: Lua,
     pub(super) force_unlock: Lua,
     pub(super) inspect: Lua,
@@ -54,6 +56,7 @@ impl Scripts {
             floor: Lua::new("fence floor", FLOOR_LUA),
             renew: Lua::new("renew", RENEW_LUA),
             release: Lua::new("release", RELEASE_LUA),
+            extend: Lua::new("extend", EXTEND_LUA),
             hold: Lua::new("hold", HOLD_LUA),
             force_unlock: Lua::new("force-unlock", FORCE_UNLOCK_LUA),
             inspect: Lua::new("inspect", INSPECT_LUA),
