@@ -56,25 +56,50 @@ fn assert_increasing(order: &[(usize, u64)]) {
     }
 }
 
+/// What one runtime's tasks cost in Redis, from [`one_runtime`].
+struct Cost {
+    acquisitions: u64,
+    /// `SET` calls: first attempts and waiters' attempts (scripts included).
+    attempts: u64,
+    /// `DEL` calls: releases of an unflagged lock.
+    releases: u64,
+    published: u64,
+}
+
+/// `tasks` tasks of one runtime on a fresh server, each acquiring `key` `each` times and
+/// holding it for `hold`; checks that every acquisition happened with a fence above the
+/// previous holder's, and returns what Redis saw.
+async fn one_runtime(key: &'static str, (tasks, each, hold): (usize, usize, Duration)) -> Cost {
+    let (server, rt) = redis_with_runtime().await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let sets = server.set_calls().await;
+    let dels = server.command_calls("del").await;
+    let published = server.command_calls("publish").await;
+    let running = contend(&rt, key, (tasks, each, hold), 0, &order).await;
+    finish_within(running, Duration::from_secs(60)).await;
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order.len(), tasks * each);
+    assert_increasing(&order);
+    Cost {
+        acquisitions: order.len() as u64,
+        attempts: server.set_calls().await - sets,
+        releases: server.command_calls("del").await - dels,
+        published: server.command_calls("publish").await - published,
+    }
+}
+
 /// Sixteen tasks of one runtime on one key: most acquisitions are hand-overs, which send
 /// nothing to Redis (without them every acquisition is at least one attempt: a `SET`), every
 /// holder's fence is above the previous holder's, and no release publishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
-    let (server, rt) = redis_with_runtime().await;
     const TASKS: usize = 16;
-    const EACH: usize = 10;
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let before = server.set_calls().await;
-    let published_before = server.command_calls("publish").await;
-    let tasks = contend(&rt, "handoff:hot", (TASKS, EACH, HOLD), 0, &order).await;
-    finish_within(tasks, Duration::from_secs(60)).await;
-    let attempts = server.set_calls().await - before;
-    let published = server.command_calls("publish").await - published_before;
-    let order = order.lock().unwrap().clone();
-    let acquisitions = order.len() as u64;
-    assert_eq!(acquisitions, (TASKS * EACH) as u64);
-    assert_increasing(&order);
+    let Cost {
+        acquisitions,
+        attempts,
+        published,
+        ..
+    } = one_runtime("handoff:hot", (TASKS, 10, HOLD)).await;
     println!(
         "{acquisitions} acquisitions by {TASKS} tasks of one runtime: {attempts} attempts in Redis"
     );
@@ -98,19 +123,13 @@ async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
 /// and an attempt by the next holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_key_wanted_only_by_its_runtime_is_kept_across_blocks() {
-    let (server, rt) = redis_with_runtime().await;
     const TASKS: usize = 16;
-    const EACH: usize = 20;
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let (sets, dels) = (server.set_calls().await, server.command_calls("del").await);
-    let tasks = contend(&rt, "handoff:kept", (TASKS, EACH, HOLD), 0, &order).await;
-    finish_within(tasks, Duration::from_secs(60)).await;
-    let attempts = server.set_calls().await - sets;
-    let releases = server.command_calls("del").await - dels;
-    let order = order.lock().unwrap().clone();
-    let acquisitions = order.len() as u64;
-    assert_eq!(acquisitions, (TASKS * EACH) as u64);
-    assert_increasing(&order);
+    let Cost {
+        acquisitions,
+        attempts,
+        releases,
+        ..
+    } = one_runtime("handoff:kept", (TASKS, 20, HOLD)).await;
     let blocks = acquisitions.div_ceil(FENCE_BLOCK);
     println!(
         "{acquisitions} acquisitions ({blocks} blocks): {attempts} attempts and {releases} \
@@ -137,31 +156,19 @@ async fn busy_key_wanted_only_by_its_runtime_is_kept_across_blocks() {
 /// with an attempt of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_releasing_at_once_still_hand_over_until_the_block_is_used_up() {
-    let (server, rt) = redis_with_runtime().await;
     const TASKS: usize = 16;
-    const EACH: usize = 40;
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let before = server.set_calls().await;
-    let tasks = contend(
-        &rt,
-        "handoff:at-once",
-        (TASKS, EACH, Duration::ZERO),
-        0,
-        &order,
-    )
-    .await;
-    finish_within(tasks, Duration::from_secs(60)).await;
-    let attempts = server.set_calls().await - before;
-    let order = order.lock().unwrap().clone();
-    let acquisitions = order.len() as u64;
-    assert_eq!(acquisitions, (TASKS * EACH) as u64);
-    assert_increasing(&order);
+    let Cost {
+        acquisitions,
+        attempts,
+        ..
+    } = one_runtime("handoff:at-once", (TASKS, 40, Duration::ZERO)).await;
     let blocks = acquisitions.div_ceil(FENCE_BLOCK);
     println!(
         "{acquisitions} acquisitions, {blocks} blocks of fences: {attempts} attempts in Redis"
     );
-    // About one attempt per block, plus the first attempts of tasks that started before
-    // anybody queued and a few while the queue formed (68 seen; 656 without the parking).
+    // About one attempt per block at most, plus the first attempts of tasks that started
+    // before anybody queued and a few while the queue formed (68 seen before blocks were
+    // extended; 656 without the parking).
     assert!(
         attempts <= 2 * blocks + TASKS as u64,
         "{attempts} attempts in Redis for {acquisitions} acquisitions ({blocks} blocks): \

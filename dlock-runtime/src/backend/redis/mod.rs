@@ -207,6 +207,19 @@ impl RedisBackend {
             .is_some_and(|by| by != self.origin)
     }
 
+    /// The keys and first arguments of the scripts that reserve a block of fences
+    /// (`acquire.lua`, `extend.lua`): lock and counter, owner, lease, counter TTL, floor, block.
+    fn block_args(&self, cmd: &mut redis::Cmd, key: &str, owner: &str, lease: Duration) {
+        cmd.arg(2)
+            .arg(self.names.lock(key))
+            .arg(self.names.fence(key))
+            .arg(owner)
+            .arg(millis_ceil(lease))
+            .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
+            .arg(FENCE_FLOOR_MIN)
+            .arg(FENCE_BLOCK);
+    }
+
     async fn acquire_script(
         &self,
         key: &str,
@@ -215,15 +228,8 @@ impl RedisBackend {
     ) -> EngineResult<Attempt> {
         let reply: i64 = self
             .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
-                cmd.arg(2)
-                    .arg(self.names.lock(key))
-                    .arg(self.names.fence(key))
-                    .arg(owner)
-                    .arg(millis_ceil(lease))
-                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
-                    .arg(FENCE_FLOOR_MIN)
-                    .arg(FENCE_BLOCK)
-                    .arg(&self.origin);
+                self.block_args(cmd, key, owner, lease);
+                cmd.arg(&self.origin);
             })
             .await?;
         Ok(decode_acquire(reply, FENCE_BLOCK))
@@ -367,15 +373,8 @@ impl Backend for RedisBackend {
     ) -> Result<Extension, LockError> {
         let reply: i64 = self
             .run_script(&self.scripts.extend, Some(key), "release failed", |cmd| {
-                cmd.arg(2)
-                    .arg(self.names.lock(key))
-                    .arg(self.names.fence(key))
-                    .arg(owner)
-                    .arg(millis_ceil(lease))
-                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
-                    .arg(FENCE_FLOOR_MIN)
-                    .arg(FENCE_BLOCK)
-                    .arg(self.names.channel(key))
+                self.block_args(cmd, key, owner, lease);
+                cmd.arg(self.names.channel(key))
                     .arg(&self.origin)
                     .arg(self.link.publish_command())
                     .arg(millis_ceil(RESERVATION));
