@@ -97,8 +97,7 @@ pub(crate) fn is_owner_token(text: &str) -> bool {
     let (token, tag) = text.split_at(text.len().min(32));
     token.len() == 32
         && token.bytes().all(|b| b.is_ascii_hexdigit())
-        && (tag.is_empty()
-            || crate::backend::mode::Mode::of(text).tag(token.to_owned()) == text)
+        && (tag.is_empty() || crate::backend::mode::Mode::of(text).tag(token.to_owned()) == text)
 }
 
 /// Sorts `found` by key, keeps the keys starting with `prefix`, one entry per key.

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::LockError;
-use crate::backend::mode::Mode;
 use crate::acquire::{FOREVER, acquire_fresh};
+use crate::backend::mode::Mode;
 use crate::chain::{Frame, Scope, current_frame, enter};
 use crate::core::{Core, validate_lease};
 use crate::guard::LockGuard;

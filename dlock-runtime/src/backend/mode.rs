@@ -80,7 +80,12 @@ mod tests {
 
     #[test]
     fn the_mode_round_trips_through_the_owner_token() {
-        for mode in [Mode::Exclusive, Mode::Read, Mode::Permits(1), Mode::Permits(80)] {
+        for mode in [
+            Mode::Exclusive,
+            Mode::Read,
+            Mode::Permits(1),
+            Mode::Permits(80),
+        ] {
             let owner = mode.tag(BASE.to_owned());
             assert_eq!(Mode::of(&owner), mode, "{owner}");
             // As ZooKeeper's node names continue it.

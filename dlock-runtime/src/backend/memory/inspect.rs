@@ -33,7 +33,10 @@ impl MemoryBackend {
             .filter(|(key, entry)| key.starts_with(prefix) && entry.expires > now)
             .map(|(key, entry)| info(key, entry, now))
             .collect();
-        for (mode, map) in [(Mode::Read, &state.readers), (Mode::Permits(0), &state.permits)] {
+        for (mode, map) in [
+            (Mode::Read, &state.readers),
+            (Mode::Permits(0), &state.permits),
+        ] {
             found.extend(
                 map.iter()
                     .filter(|(key, _)| key.starts_with(prefix))
