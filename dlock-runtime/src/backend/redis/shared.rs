@@ -18,6 +18,9 @@ use crate::backend::{Attempt, EngineResult, Released, Renewal};
 /// again on every release it is told of, and at least every half of this.
 pub(super) const WRITER_WAITING: Duration = Duration::from_secs(2);
 
+/// A renewal and its place in the batch.
+type Indexed<'a> = (usize, &'a Renewal);
+
 impl RedisBackend {
     /// A reader's or a permit's attempt; `waiting`: a waiter's (its release is asked to
     /// notify).
@@ -173,7 +176,7 @@ impl RedisBackend {
         &self,
         batch: &[Renewal],
     ) -> Result<Vec<Option<bool>>, LockError> {
-        let (shared, locks): (Vec<(usize, &Renewal)>, Vec<(usize, &Renewal)>) = batch
+        let (shared, locks): (Vec<Indexed<'_>>, Vec<Indexed<'_>>) = batch
             .iter()
             .enumerate()
             .partition(|(_, r)| Mode::of(&r.owner).is_shared());
