@@ -120,7 +120,8 @@ shared_conformance!(
     a_waiting_writer_is_not_starved_by_readers,
     a_semaphore_never_exceeds_its_permits,
     a_semaphore_of_another_size_is_invalid_config,
-    read_and_write_reentrancy_rules;
+    read_and_write_reentrancy_rules,
+    a_readers_release_hands_nothing_to_a_waiting_writer;
     engines with servers:
     a_killed_permit_holder_frees_its_permit;
     redlock:

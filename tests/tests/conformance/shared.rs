@@ -389,3 +389,41 @@ pub(crate) async fn redlock_refuses_read_locks_and_semaphores(engine: Engine) {
         .await
         .expect("release");
 }
+
+/// A reader's release never hands its hold to a writer waiting in the same runtime (a hand-over
+/// is for exclusive holds): while a reader of another runtime still reads, the writer waits.
+pub(crate) async fn a_readers_release_hands_nothing_to_a_waiting_writer(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let key = "conformance:rw:handoff";
+    let rts = fixture.runtimes(2).await;
+    let (a, b) = (&rts[0], &rts[1]);
+    let r1 = a
+        .lock(key)
+        .read()
+        .held(&format!("{engine:?}: reader on a"))
+        .await;
+    let r2 = b
+        .lock(key)
+        .read()
+        .held(&format!("{engine:?}: reader on b"))
+        .await;
+    let writer = {
+        let lock = a.lock(key).lease(LONG_LEASE).wait(WAIT);
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    // The writer heads a's queue when the reader on a releases.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    r1.release().await.expect("release the reader on a");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !writer.is_finished(),
+        "{engine:?}: the writer got the key while a reader on b reads"
+    );
+    r2.release().await.expect("release the reader on b");
+    let guard = tokio::time::timeout(WAIT, writer)
+        .await
+        .expect("the writer within its wait")
+        .expect("writer task")
+        .unwrap_or_else(|e| panic!("{engine:?}: writer: {e}"));
+    guard.release().await.expect("release the writer");
+}
