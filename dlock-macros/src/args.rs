@@ -1,5 +1,6 @@
 //! The attribute's arguments: `key = "..."`, `lease = "30s"`, `wait = "1s"`, `watchdog = false`,
-//! `on_lost = "cancel" | "ignore"`, `hold_at_least = "30s"`, `crate = "path"`.
+//! `on_lost = "cancel" | "ignore"`, `hold_at_least = "30s"`, `mode = "read" | "write"`,
+//! `permits = 8`, `crate = "path"`.
 //!
 //! Two phases, as in tokio-macros: [`RawArgs`] only splits `name = value, ...` (a syntax error
 //! here is the only error that stops the parse), then [`RawArgs::validate`] looks at every
@@ -15,13 +16,15 @@ use crate::duration::parse_millis;
 use crate::{combine, similar_name};
 
 /// Every argument the attribute accepts, in the order the docs list them.
-const ARGUMENTS: [&str; 7] = [
+const ARGUMENTS: [&str; 9] = [
     "key",
     "lease",
     "wait",
     "watchdog",
     "on_lost",
     "hold_at_least",
+    "mode",
+    "permits",
     "crate",
 ];
 
@@ -73,6 +76,10 @@ pub(crate) struct Args {
     pub(crate) on_lost: OnLost,
     /// Milliseconds; `None`: released at once.
     pub(crate) hold_at_least: Option<u64>,
+    /// `mode = "read"`: a read lock (`false`: the default, a write lock).
+    pub(crate) read: bool,
+    /// `permits = N`: one permit of a semaphore of N.
+    pub(crate) permits: Option<u32>,
     /// `None` means `::dlock_runtime`.
     pub(crate) krate: Option<Path>,
 }
@@ -98,6 +105,9 @@ impl RawArgs {
         let mut hold_at_least: Option<(u64, Span, String)> = None;
         let mut lease_text = String::new();
         let mut krate = None;
+        // With their spans: `permits` and `mode = "read"` exclude each other.
+        let mut read: Option<(bool, Span)> = None;
+        let mut permits: Option<(u32, Span)> = None;
 
         for RawArg { name, value } in self.args {
             let name_text = name.unraw().to_string();
@@ -138,6 +148,8 @@ impl RawArgs {
                 "hold_at_least" => duration(&value, "hold_at_least").map(|millis| {
                     hold_at_least = Some((millis, value.span(), duration_text(&value)))
                 }),
+                "mode" => mode_value(&value).map(|is_read| read = Some((is_read, value.span()))),
+                "permits" => permits_value(&value).map(|n| permits = Some((n, value.span()))),
                 // The only name left in `ARGUMENTS`.
                 _ => crate_path(&value).map(|path| krate = Some(path)),
             };
@@ -162,6 +174,12 @@ impl RawArgs {
                 hold_longer_than_lease(hold_text, &lease_text),
             ));
         }
+        if let (Some((true, span)), Some(_)) = (read, permits) {
+            errors.push(syn::Error::new(
+                span,
+                "`permits` makes a semaphore, which has no `mode = \"read\"`; remove one of them",
+            ));
+        }
         if let Some(error) = combine(errors) {
             return Err(error);
         }
@@ -173,6 +191,8 @@ impl RawArgs {
                 watchdog,
                 on_lost: on_lost.unwrap_or(OnLost::Cancel),
                 hold_at_least: hold_at_least.map(|(millis, _, _)| millis),
+                read: read.is_some_and(|(is_read, _)| is_read),
+                permits: permits.map(|(n, _)| n),
                 krate,
             }),
             // Unreachable: a missing or invalid key pushed an error above.
@@ -245,6 +265,8 @@ fn example(name: &str) -> &'static str {
         "watchdog" => "watchdog = false",
         "on_lost" => "on_lost = \"ignore\"",
         "hold_at_least" => "hold_at_least = \"30s\"",
+        "mode" => "mode = \"read\"",
+        "permits" => "permits = 8",
         _ => "crate = \"dlock_runtime\"",
     }
 }
@@ -346,6 +368,50 @@ fn on_lost_value(value: &Expr) -> syn::Result<OnLost> {
             };
             Err(syn::Error::new(value.span(), message))
         }
+    }
+}
+
+/// `"read"` (`true`) or `"write"` (`false`).
+fn mode_value(value: &Expr) -> syn::Result<bool> {
+    match literal(value) {
+        Some(Lit::Str(lit)) => match lit.value().as_str() {
+            "read" => Ok(true),
+            "write" => Ok(false),
+            other => Err(syn::Error::new(
+                lit.span(),
+                format!("invalid value {other:?} for `mode`; expected \"read\" or \"write\""),
+            )),
+        },
+        _ => {
+            let message = match lone_identifier(value) {
+                Some(ident) if ident == "read" || ident == "write" => {
+                    format!("expected a string literal for `mode`; write `mode = \"{ident}\"`")
+                }
+                _ => "expected a string literal for `mode`: \"read\" or \"write\"".to_owned(),
+            };
+            Err(syn::Error::new(value.span(), message))
+        }
+    }
+}
+
+/// A whole number of permits, at least 1.
+fn permits_value(value: &Expr) -> syn::Result<u32> {
+    let Some(Lit::Int(int)) = literal(value) else {
+        return Err(syn::Error::new(
+            value.span(),
+            "expected a whole number for `permits`, e.g. `permits = 8`",
+        ));
+    };
+    match int.base10_parse::<u32>() {
+        Ok(0) => Err(syn::Error::new(
+            int.span(),
+            "`permits` must be at least 1: a semaphore of 0 permits can never be held",
+        )),
+        Ok(n) => Ok(n),
+        Err(_) => Err(syn::Error::new(
+            int.span(),
+            format!("`permits` must be a whole number up to {}", u32::MAX),
+        )),
     }
 }
 

@@ -73,6 +73,14 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, key: &[KeyPart]) -> TokenStre
         let millis = Literal::u64_unsuffixed(millis);
         quote!(.hold_at_least(#krate::__private::Duration::from_millis(#millis)))
     });
+    let read = args.read.then(|| quote!(.read()));
+    let builder = match args.permits {
+        Some(permits) => {
+            let permits = Literal::u32_unsuffixed(permits);
+            quote!(#krate::__private::semaphore(#key_local, #permits))
+        }
+        None => quote!(#krate::__private::lock(#key_local)),
+    };
     let on_lost = match args.on_lost {
         OnLost::Cancel => quote!(Cancel),
         OnLost::Ignore => quote!(Ignore),
@@ -108,7 +116,7 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, key: &[KeyPart]) -> TokenStre
     let mut run_args = Group::new(
         Delimiter::Parenthesis,
         quote! {
-            #krate::__private::lock(#key_local) #lease #wait #watchdog #hold_at_least,
+            #builder #read #lease #wait #watchdog #hold_at_least,
             #krate::__private::OnLost::#on_lost,
             #body_future,
         },

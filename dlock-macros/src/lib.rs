@@ -96,6 +96,8 @@ use crate::key::Bindings;
 /// | `watchdog` | `true` or `false` (no quotes)       | `true`                        |
 /// | `on_lost`  | `"cancel"` or `"ignore"`            | `"cancel"`                    |
 /// | `hold_at_least` | duration, e.g. `"30s"`         | none: released at once        |
+/// | `mode`     | `"read"` or `"write"`               | `"write"` (an exclusive lock) |
+/// | `permits`  | whole number ≥ 1, e.g. `8`          | none: a lock, not a semaphore |
 /// | `crate`    | path of the runtime crate, e.g. `"dl"` | `"::dlock_runtime"`        |
 ///
 /// Arguments may come in any order; each may appear once. Everything is checked at compile
@@ -294,6 +296,44 @@ use crate::key::Bindings;
 /// }
 /// ```
 ///
+/// ## `mode` and `permits`
+///
+/// `mode = "read"` takes a read lock: any number of readers at once, across processes, while
+/// no writer holds the key; `mode = "write"` (the default) is the plain exclusive lock, which
+/// excludes readers and writers. Once a writer waits, new readers queue behind it. Within a
+/// call chain a read inside a write or a read re-enters; a write inside a read is
+/// `LockError::InvalidConfig`. `permits = N` takes one permit of a semaphore of N: at most N
+/// calls run at once across processes. `permits = 0` and `permits` with `mode = "read"` are
+/// compile errors.
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "doc:{id}", mode = "read")]
+/// async fn show(id: u64) -> Result<u64, LockError> {
+///     Ok(id)
+/// }
+///
+/// #[distributed_lock(key = "api:quota", permits = 8)]
+/// async fn call_api() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Without the macro:
+///
+/// ```no_run
+/// # use dlock_runtime::LockError;
+/// async fn show(id: u64) -> Result<u64, LockError> {
+///     let lock = dlock_runtime::lock(format!("doc:{id}")).read();
+///     dlock_runtime::with_lock(lock, async move { Ok(id) }).await?
+/// }
+///
+/// async fn call_api() -> Result<(), LockError> {
+///     let permit = dlock_runtime::semaphore("api:quota", 8);
+///     dlock_runtime::with_lock(permit, async move { Ok(()) }).await?
+/// }
+/// ```
+///
 /// ## `crate`
 ///
 /// The path of the runtime crate, for when it is renamed in `Cargo.toml`
@@ -373,7 +413,7 @@ use crate::key::Bindings;
 /// # Errors at compile time
 ///
 /// ```text
-/// error: unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `crate`
+/// error: unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `mode`, `permits`, `crate`
 /// error: invalid duration "30x": expected a number followed by ms, s, m or h, e.g. "30s"
 /// error: key placeholder `{idd}` names no parameter of `buy`; did you mean `{id}`?
 /// error: `#[distributed_lock]` can only be used on an `async fn`; add `async` before `fn`

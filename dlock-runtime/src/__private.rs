@@ -29,6 +29,11 @@ pub fn lock(key: String) -> LockBuilder {
     crate::lock(key)
 }
 
+/// One permit of the semaphore `key` of `permits` in the current runtime.
+pub fn semaphore(key: String, permits: u32) -> LockBuilder {
+    crate::semaphore(key, permits)
+}
+
 /// Runs the body of an annotated function under `lock` (see [`crate::with_lock`]).
 pub async fn run<R: LockResult, F: Future<Output = R>>(
     lock: LockBuilder,

@@ -28,8 +28,11 @@ pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// An owner token, chosen before any request is sent: 32 hex digits, the runtime's id (16,
 /// the engines' "runtime id") then 64 random bits. The Redis engine reads the prefix to tell a
 /// holder of the waiter's own runtime, whose release wakes the waiter without a message.
-fn new_owner(core: &Core) -> String {
-    format!("{:016x}{:016x}", core.id, rand::random::<u64>())
+/// The mode is appended as a tag (see [`Mode`](crate::backend::mode::Mode)).
+fn new_owner(core: &Core, terms: &Terms) -> String {
+    terms
+        .mode
+        .tag(format!("{:016x}{:016x}", core.id, rand::random::<u64>()))
 }
 
 /// One owner-checked attempt; if the answer never arrives (error, timeout, or the future is
@@ -77,7 +80,7 @@ pub(crate) async fn acquire_fresh(
     wait: Duration,
 ) -> Result<Arc<Held>, LockError> {
     let lease = terms.lease;
-    let owner = new_owner(core);
+    let owner = new_owner(core, &terms);
     let started = Instant::now();
     let deadline = started + wait.min(FOREVER);
     let timeout = |key: String, holder_ttl: Option<Duration>| {
@@ -105,7 +108,7 @@ pub(crate) async fn acquire_fresh(
             // lasts: queue again with a fresh owner token.
             Err(err) if err.is_backend() && Instant::now() + ERROR_RETRY < deadline => {
                 tracing::debug!(key = %key, error = %err, "queueing failed; retrying within the wait");
-                owner = new_owner(core);
+                owner = new_owner(core, &terms);
                 tokio::time::sleep(ERROR_RETRY).await;
             }
             Err(err) => return Err(err),
@@ -195,6 +198,7 @@ async fn wait_in_queue(
             queue.mark_held(lease);
             return Ok(held);
         }
+
         // The previous head of this queue holds the key: its release wakes us, and an attempt
         // now could only fail (no herd, no wasted round trip on a hot key).
         if let Some(holder_lease) = queue.held_here() {
@@ -213,7 +217,7 @@ async fn wait_in_queue(
             // owner token, so the next attempt takes a fresh one.
             Err(err) if err.is_backend() && Instant::now() + ERROR_RETRY < deadline => {
                 tracing::debug!(key = %key, error = %err, "attempt failed; retrying within the wait");
-                owner = new_owner(core);
+                owner = new_owner(core, &terms);
                 tokio::time::sleep(ERROR_RETRY).await;
                 continue;
             }
@@ -221,7 +225,10 @@ async fn wait_in_queue(
         };
         match answer {
             Attempt::Acquired { fence } => {
-                queue.mark_held(lease);
+                // Shared holds (readers, permits) do not keep the next head from trying.
+                if !terms.mode.is_shared() {
+                    queue.mark_held(lease);
+                }
                 return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
             Attempt::Busy { ttl } => {

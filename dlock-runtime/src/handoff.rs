@@ -17,7 +17,8 @@
 //! them, see `lua/release.lua`). Every holder still gets a token above every earlier holder's:
 //! the block was reserved by one `INCRBY` after every earlier acquisition's. Not handed over: a
 //! lock whose lease is not renewed (its lease runs from the first acquisition), a lock known
-//! lost, and engines whose tokens cannot be reserved in blocks (block of 1).
+//! lost, a read lock or semaphore permit (never handed, nor handed to: the key is shared),
+//! and engines whose tokens cannot be reserved in blocks (block of 1).
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -82,6 +83,10 @@ impl Slot {
 /// the same terms. `true` when passed: the caller must neither release it in the engine nor
 /// stop its renewals.
 pub(crate) fn pass(held: &Held) -> bool {
+    // Readers and permit holders share their key: theirs is not the key to hand over.
+    if held.terms.mode.is_shared() {
+        return false;
+    }
     // A hold that keeps its key (`hold_at_least`) keeps it from every other holder.
     if held.hold_left().is_some() {
         return false;
@@ -118,7 +123,8 @@ pub(crate) fn pass(held: &Held) -> bool {
 ///
 /// [`Backend::release_or_extend`]: crate::backend::Backend::release_or_extend
 pub(crate) fn wants_extension(held: &Held) -> bool {
-    if held.hold_left().is_some()
+    if held.terms.mode.is_shared()
+        || held.hold_left().is_some()
         || !held.terms.renew
         || held.lost.lease_lost()
         || held.lost.valid_for().is_zero()
@@ -211,7 +217,8 @@ impl<'a> Head<'a> {
     pub(crate) fn new(core: &'a Arc<Core>, queue: &'a KeyQueue, terms: Terms) -> Self {
         let unfit = {
             let mut slot = queue.slot();
-            slot.head = if terms.renew {
+            // Only an exclusive waiter takes an exclusive hold.
+            slot.head = if terms.renew && !terms.mode.is_shared() {
                 HeadTerms::Renewed(terms.lease)
             } else {
                 HeadTerms::None

@@ -69,6 +69,8 @@ pub(crate) struct Terms {
     /// `hold_at_least`: the key stays taken at least this long after the acquisition, even
     /// when the hold ends sooner (zero: released at once).
     pub(crate) hold: Duration,
+    /// Exclusive (write), read, or a semaphore permit.
+    pub(crate) mode: crate::backend::mode::Mode,
 }
 
 impl Held {

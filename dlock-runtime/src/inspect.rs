@@ -55,7 +55,9 @@ pub struct LockInfo {
     /// The current holder's fencing token where the engine tells it without guessing, else
     /// `None` (see the table above).
     pub fence: Option<u64>,
-    /// The lock's mode: `"exclusive"` (the only one for now).
+    /// The lock's mode: `"exclusive"` (a plain lock or a write lock), `"read"` (a read lock:
+    /// the entry shows one of its readers, `holds` counts them all) or `"semaphore"` (one
+    /// of its permit holders, `holds` counts them all).
     pub mode: String,
 }
 
@@ -92,7 +94,10 @@ pub(crate) fn redact_owner(token: &str) -> String {
     allow(dead_code, reason = "read by the engines with a server")
 )]
 pub(crate) fn is_owner_token(text: &str) -> bool {
-    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
+    let (token, tag) = text.split_at(text.len().min(32));
+    token.len() == 32
+        && token.bytes().all(|b| b.is_ascii_hexdigit())
+        && (tag.is_empty() || crate::backend::mode::Mode::of(text).tag(token.to_owned()) == text)
 }
 
 /// Sorts `found` by key, keeps the keys starting with `prefix`, one entry per key.

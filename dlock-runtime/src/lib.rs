@@ -55,5 +55,5 @@ pub use error::{BackendError, LockError};
 pub use events::{EVENT_BUFFER, LockEvent};
 pub use guard::LockGuard;
 pub use inspect::LockInfo;
-pub use lock::{LockBuilder, MAX_KEY_LEN, OnLost, lock, with_lock};
+pub use lock::{LockBuilder, MAX_KEY_LEN, OnLost, lock, semaphore, with_lock};
 pub use runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Runtime};

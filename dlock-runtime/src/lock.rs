@@ -10,6 +10,7 @@ use tracing::Instrument;
 
 use crate::LockError;
 use crate::acquire::{FOREVER, acquire_fresh};
+use crate::backend::mode::Mode;
 use crate::chain::{Frame, Scope, current_frame, enter};
 use crate::core::{Core, validate_lease};
 use crate::guard::LockGuard;
@@ -36,6 +37,10 @@ pub enum OnLost {
 /// | [`watchdog`](LockBuilder::watchdog) | `true` | `false`: the lease is a hard cap |
 /// | [`on_lost`](LockBuilder::on_lost) | [`OnLost::Cancel`] | policy of [`with_lock`] when the lease is lost |
 /// | [`hold_at_least`](LockBuilder::hold_at_least) | zero | the key stays taken at least this long after acquisition |
+/// | [`read`](LockBuilder::read) | write | a read lock: shared with other readers, excluded by a writer |
+///
+/// [`Runtime::semaphore`](crate::Runtime::semaphore) makes a builder for one permit of a
+/// semaphore instead.
 #[must_use = "a lock builder does nothing until `.acquire().await` or `with_lock`"]
 pub struct LockBuilder {
     rt: Option<Arc<Core>>,
@@ -45,6 +50,7 @@ pub struct LockBuilder {
     watchdog: bool,
     on_lost: OnLost,
     hold_at_least: Duration,
+    mode: Mode,
 }
 
 impl fmt::Debug for LockBuilder {
@@ -56,6 +62,7 @@ impl fmt::Debug for LockBuilder {
             .field("watchdog", &self.watchdog)
             .field("on_lost", &self.on_lost)
             .field("hold_at_least", &self.hold_at_least)
+            .field("mode", &self.mode)
             .finish()
     }
 }
@@ -83,6 +90,24 @@ pub fn lock(key: impl Into<String>) -> LockBuilder {
     LockBuilder::new(None, key.into())
 }
 
+/// One permit of the semaphore `key` of `permits` in the current runtime (see
+/// [`Runtime::semaphore`](crate::Runtime::semaphore)), resolved when acquired.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// # let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+/// # rt.scope(async {
+/// let permit = dlock_runtime::semaphore("api:quota", 8).acquire().await?;
+/// // ... at most 8 of these run at once, across processes ...
+/// permit.release().await?;
+/// # Ok::<(), dlock_runtime::LockError>(()) }).await?;
+/// # Ok(()) }
+/// ```
+pub fn semaphore(key: impl Into<String>, permits: u32) -> LockBuilder {
+    LockBuilder::permit(None, key.into(), permits)
+}
+
 impl LockBuilder {
     pub(crate) fn new(rt: Option<Arc<Core>>, key: String) -> Self {
         Self {
@@ -93,7 +118,45 @@ impl LockBuilder {
             watchdog: true,
             on_lost: OnLost::Cancel,
             hold_at_least: Duration::ZERO,
+            mode: Mode::Exclusive,
         }
+    }
+
+    /// A builder for one permit of the semaphore `key` of `permits`.
+    pub(crate) fn permit(rt: Option<Arc<Core>>, key: String, permits: u32) -> Self {
+        Self {
+            mode: Mode::Permits(permits),
+            ..Self::new(rt, key)
+        }
+    }
+
+    /// Makes this a read lock: any number of readers hold the key together, across
+    /// processes, while no writer does. A writer (the default mode, the same as a plain lock)
+    /// excludes readers and other writers; once a writer waits, new readers queue behind it,
+    /// so a stream of readers cannot starve it.
+    ///
+    /// Within one call chain, a read inside a write hold of the same key re-enters the write
+    /// hold; a read inside a read re-enters; a write inside a read is
+    /// [`LockError::InvalidConfig`] ("cannot upgrade a read lock to a write lock"), never a
+    /// deadlock. Every reader gets its own fencing token, greater than every earlier holder's.
+    /// Not on Redlock ([`LockError::InvalidConfig`] at acquire), and not with
+    /// [`hold_at_least`](LockBuilder::hold_at_least).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// # let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+    /// let a = rt.lock("doc:1").read().acquire().await?;
+    /// let b = rt.lock("doc:1").read().acquire().await?; // readers share the key
+    /// assert!(rt.lock("doc:1").acquire().await.unwrap_err().is_timeout()); // a writer waits
+    /// a.release().await?;
+    /// b.release().await?;
+    /// rt.lock("doc:1").acquire().await?.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn read(mut self) -> Self {
+        self.mode = Mode::Read;
+        self
     }
 
     /// The TTL written to the engine. With the watchdog on (default) it is renewed every
@@ -250,12 +313,17 @@ impl LockBuilder {
         validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
         core.backend.lease_margin(lease)?;
         validate_hold(self.hold_at_least, lease, &self.key)?;
+        validate_mode(self.mode, self.hold_at_least, &self.key)?;
+        core.backend.check_mode(&self.key, self.mode)?;
         let wait = self.wait.unwrap_or(core.default_wait);
         let deadline = started + wait.min(FOREVER);
 
         if let Some(frame) = frame
             && let Some(held) = frame.find(core.id, &self.key)
-            && let Some(guard) = reenter(held, frame, scope, started, deadline).await?
+            && let Some(guard) = {
+                check_reentry(held.terms.mode, self.mode, &self.key)?;
+                reenter(held, frame, scope, started, deadline).await?
+            }
         {
             return Ok(guard);
         }
@@ -267,6 +335,7 @@ impl LockBuilder {
             renew: self.watchdog,
             frame: user,
             hold: self.hold_at_least,
+            mode: self.mode,
         };
         let held = acquire_fresh(core, self.key, terms, wait).await?;
         // A scoped acquisition's frame is made around the hold by the caller.
@@ -304,6 +373,44 @@ fn validate_hold(hold: Duration, lease: Duration, key: &str) -> Result<(), LockE
         )));
     }
     Ok(())
+}
+
+/// A read lock or a semaphore permit: a positive number of permits, no `hold_at_least`.
+fn validate_mode(mode: Mode, hold: Duration, key: &str) -> Result<(), LockError> {
+    if mode == Mode::Permits(0) {
+        return Err(LockError::config(format!(
+            "semaphore `{key}` with 0 permits: nobody could ever hold it; ask for at least 1"
+        )));
+    }
+    if mode.is_shared() && !hold.is_zero() {
+        return Err(LockError::config(format!(
+            "hold_at_least is for exclusive locks; `{key}` is asked as a {} lock",
+            mode.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Whether a call chain holding `key` in `held` may re-enter it asking for `asked`: a read
+/// inside a write or a read, a write inside a write, a permit inside a permit of the same
+/// semaphore. A write inside a read would wait for itself: refused.
+fn check_reentry(held: Mode, asked: Mode, key: &str) -> Result<(), LockError> {
+    match (held, asked) {
+        (Mode::Exclusive, Mode::Exclusive | Mode::Read) | (Mode::Read, Mode::Read) => Ok(()),
+        (Mode::Permits(a), Mode::Permits(b)) if a == b => Ok(()),
+        (Mode::Permits(held), Mode::Permits(asked)) => {
+            Err(crate::backend::mode::permits_mismatch(key, asked, held))
+        }
+        (Mode::Read, Mode::Exclusive) => Err(LockError::config(format!(
+            "cannot upgrade a read lock to a write lock: this call chain holds `{key}` for \
+             reading; take the write lock first (a read inside a write re-enters it)"
+        ))),
+        (held, asked) => Err(LockError::config(format!(
+            "this call chain holds `{key}` as a {} lock and asks for it as a {} lock",
+            held.name(),
+            asked.name()
+        ))),
+    }
 }
 
 /// The longest key a lock accepts, in bytes (UTF-8). Longer keys are

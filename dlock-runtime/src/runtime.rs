@@ -139,6 +139,34 @@ impl Runtime {
         LockBuilder::new(Some(self.core.clone()), key.into())
     }
 
+    /// One permit of the semaphore `key` of `permits`: at most `permits` holders at once,
+    /// across every process, each with its own lease renewed by the watchdog (so a crashed
+    /// holder's permit frees within its lease) and its own fencing token. The guard is a
+    /// [`LockGuard`](crate::LockGuard) like a lock's; `permits = 1` behaves like a lock.
+    ///
+    /// Every holder of one semaphore must ask for the same `permits`: asking for another
+    /// number while it has holders is [`LockError::InvalidConfig`] naming both. Zero permits
+    /// is `InvalidConfig` too. A chain holding a permit re-enters it. Not on Redlock
+    /// (`InvalidConfig` at acquire). A semaphore key is not a lock key: do not use one key
+    /// for both.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// # let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+    /// let a = rt.semaphore("api:quota", 2).acquire().await?;
+    /// let b = rt.semaphore("api:quota", 2).acquire().await?;
+    /// // Both permits are taken:
+    /// assert!(rt.semaphore("api:quota", 2).acquire().await.unwrap_err().is_timeout());
+    /// a.release().await?;
+    /// let c = rt.semaphore("api:quota", 2).acquire().await?;
+    /// # b.release().await?; c.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, key: impl Into<String>, permits: u32) -> LockBuilder {
+        LockBuilder::permit(Some(self.core.clone()), key.into(), permits)
+    }
+
     /// Deletes the lock on `key` whoever holds it and wakes its waiters; `true` when it was
     /// held. The holder finds out at its next renewal (its `lost()` resolves). This is the only
     /// operation that is not owner-checked: an operator's tool, not a way to release.

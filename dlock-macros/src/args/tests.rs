@@ -69,7 +69,7 @@ fn unknown_and_duplicate_arguments() {
     assert_eq!(
         errors(r#"key = "k", ttl = "30s""#),
         [
-            "unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `crate`"
+            "unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `mode`, `permits`, `crate`"
         ]
     );
     assert_eq!(

@@ -20,6 +20,7 @@ use crate::{LockError, LockInfo};
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod memory;
+pub(crate) mod mode;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 #[cfg(feature = "redis")]
@@ -383,6 +384,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn renew_batch_limit(&self) -> usize {
         512
     }
+
+    /// Whether the engine can hold `key` in `mode` (read locks and semaphores are not on
+    /// every engine): `InvalidConfig` saying why not, before anything is sent.
+    fn check_mode(&self, _key: &str, _mode: mode::Mode) -> Result<(), LockError> {
+        Ok(())
+    }
 }
 
 /// [`Backend`] with its futures boxed: the one place the engine's type is erased.
@@ -438,6 +445,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     fn fence_block(&self) -> u64;
     fn renew_partition(&self, key: &str) -> u16;
     fn renew_batch_limit(&self) -> usize;
+    fn check_mode(&self, key: &str, mode: mode::Mode) -> Result<(), LockError>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -546,5 +554,9 @@ impl<B: Backend> DynBackend for B {
 
     fn renew_batch_limit(&self) -> usize {
         Backend::renew_batch_limit(self)
+    }
+
+    fn check_mode(&self, key: &str, mode: mode::Mode) -> Result<(), LockError> {
+        Backend::check_mode(self, key, mode)
     }
 }

@@ -16,6 +16,8 @@
 //!     Acquires KEY with lease L, prints "acquired <fence>" ("acquired none" without a fence)
 //!     and holds it until killed; prints "lost" and exits 3 if the lease is lost. With R, also
 //!     prints "valid <ms> <unix ms>" every R ms: the guard's `valid_for()` and the wall clock.
+//!     With `--permits P`, holds one permit of the semaphore KEY of P instead; with `--read`,
+//!     a read lock.
 //! ```
 
 use std::error::Error;
@@ -41,6 +43,8 @@ enum Mode {
         lease: Duration,
         watchdog: bool,
         report: Option<Duration>,
+        permits: Option<u32>,
+        read: bool,
     },
 }
 
@@ -63,6 +67,8 @@ fn parse_args() -> Result<Args, BoxError> {
     let mut lease_ms = 30_000u64;
     let mut watchdog = true;
     let mut report = None;
+    let mut permits = None;
+    let mut read = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -75,6 +81,8 @@ fn parse_args() -> Result<Args, BoxError> {
             "--counter" => counter = Some(value()?),
             "--lease-ms" => lease_ms = value()?.parse()?,
             "--watchdog" => watchdog = value()?.parse()?,
+            "--permits" => permits = Some(value()?.parse()?),
+            "--read" => read = true,
             "--report-ms" => report = Some(Duration::from_millis(value()?.parse()?)),
             other => return Err(format!("unknown argument {other}").into()),
         }
@@ -95,6 +103,8 @@ fn parse_args() -> Result<Args, BoxError> {
             lease: Duration::from_millis(lease_ms),
             watchdog,
             report,
+            permits,
+            read,
         },
         other => {
             return Err(
@@ -159,9 +169,15 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
             lease,
             watchdog,
             report,
+            permits,
+            read,
         } => {
-            let guard = rt
-                .lock(args.key.as_str())
+            let builder = match permits {
+                Some(permits) => rt.semaphore(args.key.as_str(), permits),
+                None if read => rt.lock(args.key.as_str()).read(),
+                None => rt.lock(args.key.as_str()),
+            };
+            let guard = builder
                 .lease(lease)
                 .watchdog(watchdog)
                 .wait(Duration::from_secs(30))

@@ -26,6 +26,7 @@ mod hold;
 mod inspect;
 mod lease;
 mod reentrancy;
+mod shared;
 mod support;
 mod waiting;
 
@@ -90,4 +91,39 @@ conformance!(
     // behaviour has nothing to check there.
     engines with servers:
     faults::engine_down_while_held_is_lost_and_waiters_acquire_after_restart,
+);
+
+/// Read-write locks and semaphores: stamped like [`conformance!`] under `shared_primitives::`
+/// (`shared_primitives::etcd::readers_truly_overlap`) on every engine but Redlock, which has
+/// neither and gets the behaviour of its clear error instead.
+macro_rules! shared_conformance {
+    (
+        every engine: $($behaviour:ident),+ ;
+        engines with servers: $($s_behaviour:ident),+ ;
+        redlock: $($r_behaviour:ident),+ $(,)?
+    ) => {
+        mod shared_primitives {
+            conformance!(@engine memory, Memory, $(shared::$behaviour),+);
+            conformance!(@engine redis, Redis, $(shared::$behaviour,)+ $(shared::$s_behaviour),+);
+            conformance!(@engine cluster, Cluster, $(shared::$behaviour,)+ $(shared::$s_behaviour),+);
+            conformance!(@engine etcd, Etcd, $(shared::$behaviour,)+ $(shared::$s_behaviour),+);
+            conformance!(@engine zookeeper, ZooKeeper, $(shared::$behaviour,)+ $(shared::$s_behaviour),+);
+            conformance!(@engine redlock, Redlock, $(shared::$r_behaviour),+);
+        }
+    };
+}
+
+shared_conformance!(
+    every engine:
+    readers_truly_overlap,
+    a_writer_excludes_readers_and_writers,
+    a_waiting_writer_is_not_starved_by_readers,
+    a_semaphore_never_exceeds_its_permits,
+    a_semaphore_of_another_size_is_invalid_config,
+    read_and_write_reentrancy_rules,
+    a_readers_release_hands_nothing_to_a_waiting_writer;
+    engines with servers:
+    a_killed_permit_holder_frees_its_permit;
+    redlock:
+    redlock_refuses_read_locks_and_semaphores,
 );

@@ -29,6 +29,7 @@ pub(crate) mod config;
 mod inspect;
 mod lease;
 mod queue;
+mod shared;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -143,7 +144,7 @@ impl EtcdBackend {
     }
 
     /// One read of `key`'s queue (every contender's key under its prefix) with `options`.
-    async fn read_queue(
+    pub(super) async fn read_queue(
         &self,
         key: &str,
         what: &str,
@@ -156,12 +157,12 @@ impl EtcdBackend {
         .await
     }
 
-    fn queue_prefix(&self, key: &str) -> String {
+    pub(super) fn queue_prefix(&self, key: &str) -> String {
         format!("{}{key}/", self.prefix)
     }
 
     /// The key of `owner` in `key`'s queue.
-    fn contender_key(&self, key: &str, owner: &str) -> String {
+    pub(super) fn contender_key(&self, key: &str, owner: &str) -> String {
         format!("{}{owner}", self.queue_prefix(key))
     }
 

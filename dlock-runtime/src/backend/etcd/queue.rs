@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::lease::{self, SharedLease};
 use super::{CONNECT_RETRIES, Contender, EtcdBackend, is_connect_error, ttl_seconds};
 use crate::LockError;
+use crate::backend::mode::Mode;
 use crate::backend::{Attempt, Queued, Queueing};
 
 impl EtcdBackend {
@@ -44,7 +45,7 @@ impl EtcdBackend {
     /// The lease a new contender's key is attached to: the runtime's shared lease for a
     /// renewed lock, a lease of its own for a hard-capped one (granted now: `confirmed` is the
     /// grant's send time).
-    async fn contender_lease(
+    pub(super) async fn contender_lease(
         &self,
         key: &str,
         ask: Queueing,
@@ -69,7 +70,7 @@ impl EtcdBackend {
     /// undid this request: see [`EtcdBackend::bury`]), and reads the head of the queue.
     /// Returns the contender's create revision (0: no key, buried) and whether it heads the
     /// queue.
-    async fn join(
+    pub(super) async fn join(
         &self,
         key: &str,
         contender_key: &str,
@@ -129,6 +130,10 @@ impl EtcdBackend {
         owner: &str,
         ask: Queueing,
     ) -> Result<Queued, LockError> {
+        let mode = Mode::of(owner);
+        if mode.is_shared() {
+            return self.queue_shared(key, owner, ask, mode).await;
+        }
         let deadline = ask.deadline;
         let contender_key = self.contender_key(key, owner);
         let mut retried = false;
@@ -386,7 +391,7 @@ impl EtcdBackend {
 }
 
 /// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

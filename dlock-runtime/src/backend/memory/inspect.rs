@@ -2,15 +2,25 @@
 
 use tokio::time::Instant;
 
+use super::shared::Group;
 use super::{Entry, MemoryBackend};
 use crate::LockInfo;
+use crate::backend::mode::Mode;
 
 impl MemoryBackend {
     /// The live entry of `key`, if any.
     pub(super) fn inspect_now(&self, key: &str) -> Option<LockInfo> {
         let now = Instant::now();
         let mut state = self.state();
-        Self::live(&mut state, key, now).map(|entry| info(key, entry, now))
+        if let Some(entry) = Self::live(&mut state, key, now) {
+            return Some(info(key, entry, now));
+        }
+        for mode in [Mode::Read, Mode::Permits(0)] {
+            if let Some(group) = state.group(key, mode, now) {
+                return shared_info(key, group, mode, now);
+            }
+        }
+        None
     }
 
     /// The live entries whose keys start with `prefix`, sorted by key.
@@ -23,6 +33,16 @@ impl MemoryBackend {
             .filter(|(key, entry)| key.starts_with(prefix) && entry.expires > now)
             .map(|(key, entry)| info(key, entry, now))
             .collect();
+        for (mode, map) in [
+            (Mode::Read, &state.readers),
+            (Mode::Permits(0), &state.permits),
+        ] {
+            found.extend(
+                map.iter()
+                    .filter(|(key, _)| key.starts_with(prefix))
+                    .filter_map(|(key, group)| shared_info(key, group, mode, now)),
+            );
+        }
         found.sort_by(|a, b| a.key.cmp(&b.key));
         found
     }
@@ -36,6 +56,22 @@ fn info(key: &str, entry: &Entry, now: Instant) -> LockInfo {
         u32::try_from(entry.count).unwrap_or(u32::MAX),
         Some(entry.fence),
     )
+}
+
+/// A read lock or a semaphore: its earliest live holder, the latest expiry, and how many
+/// hold it.
+fn shared_info(key: &str, group: &Group, mode: Mode, now: Instant) -> Option<LockInfo> {
+    let live: Vec<&Entry> = group.holders().filter(|e| e.expires > now).collect();
+    let first = live.iter().min_by_key(|e| e.fence)?;
+    let mut info = LockInfo::held(
+        key,
+        &first.owner,
+        group.last_ttl(now).unwrap_or_default(),
+        u32::try_from(live.len()).unwrap_or(u32::MAX),
+        Some(first.fence),
+    );
+    info.mode = mode.name().to_owned();
+    Some(info)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! busy. Waiters are woken by the runtime itself, since every holder is local.
 
 mod inspect;
+mod shared;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::mode::Mode;
 use super::url::EngineUrl;
 use super::{
     Attempt, Backend, Connecting, Context, DynBackend, EngineConfig, EngineResult, Released,
@@ -35,6 +37,12 @@ struct State {
     locks: HashMap<String, Entry>,
     /// One counter for every key: strictly increasing per key, and no per-key state to leak.
     fence: u64,
+    /// Read locks by key (see `shared.rs`).
+    readers: HashMap<String, shared::Group>,
+    /// Semaphores by key.
+    permits: HashMap<String, shared::Group>,
+    /// The writer waiting for each key's readers, and until when its mark holds.
+    writer_waiting: HashMap<String, (String, Instant)>,
 }
 
 #[derive(Debug, Default)]
@@ -62,8 +70,19 @@ impl MemoryBackend {
     }
 
     fn acquire_now(&self, key: &str, owner: &str, lease: Duration) -> Attempt {
+        self.acquire_exclusive(key, owner, lease, false)
+    }
+
+    /// An exclusive (write) attempt; `waiting`: a waiter's, which marks itself waiting when
+    /// readers hold the key, so that new readers queue behind it.
+    fn acquire_exclusive(&self, key: &str, owner: &str, lease: Duration, waiting: bool) -> Attempt {
         let now = Instant::now();
         let mut state = self.state();
+        let ours = Self::live(&mut state, key, now).is_some_and(|e| e.owner == owner);
+        if !ours && let Some(ttl) = state.readers_block(key, owner, waiting, now) {
+            return Attempt::Busy { ttl: Some(ttl) };
+        }
+        state.clear_writer_waiting(key, Some(owner));
         if let Some(entry) = Self::live(&mut state, key, now) {
             if entry.owner == owner {
                 entry.count += 1;
@@ -94,8 +113,14 @@ impl MemoryBackend {
     }
 
     fn release_now(&self, key: &str, owner: &str) -> Released {
+        let mode = Mode::of(owner);
+        if mode.is_shared() {
+            return self.release_shared(key, owner, mode);
+        }
         let now = Instant::now();
         let mut state = self.state();
+        // A writer that stops waiting (cancelled, timed out) lets readers in again.
+        state.clear_writer_waiting(key, Some(owner));
         match Self::live(&mut state, key, now) {
             Some(entry) if entry.owner == owner => {
                 entry.count -= 1;
@@ -128,6 +153,9 @@ impl MemoryBackend {
         batch
             .iter()
             .map(|r| match Self::live(&mut state, &r.key, now) {
+                _ if Mode::of(&r.owner).is_shared() => {
+                    Self::renew_shared(&mut state, &r.key, &r.owner, r.lease, now)
+                }
                 Some(entry) if entry.owner == r.owner => {
                     entry.expires = now + r.lease;
                     true
@@ -140,7 +168,22 @@ impl MemoryBackend {
 
 impl Backend for MemoryBackend {
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
-        Ok(self.acquire_now(key, owner, lease))
+        match Mode::of(owner) {
+            Mode::Exclusive => Ok(self.acquire_now(key, owner, lease)),
+            mode => self.acquire_shared(key, owner, lease, mode),
+        }
+    }
+
+    async fn try_acquire_waiting(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> EngineResult<Attempt> {
+        match Mode::of(owner) {
+            Mode::Exclusive => Ok(self.acquire_exclusive(key, owner, lease, true)),
+            mode => self.acquire_shared(key, owner, lease, mode),
+        }
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
@@ -163,14 +206,22 @@ impl Backend for MemoryBackend {
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let existed = Self::live(&mut state, key, now).is_some();
+        let existed = Self::live(&mut state, key, now).is_some()
+            || state.group(key, Mode::Read, now).is_some()
+            || state.group(key, Mode::Permits(0), now).is_some();
         state.locks.remove(key);
+        state.readers.remove(key);
+        state.permits.remove(key);
+        state.clear_writer_waiting(key, None);
         Ok(existed)
     }
 
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
         let now = Instant::now();
-        Ok(Self::live(&mut self.state(), key, now).is_some())
+        let mut state = self.state();
+        Ok(Self::live(&mut state, key, now).is_some()
+            || state.group(key, Mode::Read, now).is_some()
+            || state.group(key, Mode::Permits(0), now).is_some())
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {

@@ -21,6 +21,7 @@ mod link;
 mod names;
 mod push;
 pub(crate) mod script;
+mod shared;
 
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ pub(crate) use names::{Names, hash_slot};
 use self::cluster::ClusterLink;
 use self::link::Link;
 use self::script::{FENCE_FLOOR_MIN, Scripts, decode_acquire, millis_ceil};
+use super::mode::Mode;
 use super::{Attempt, Backend, Context, EngineResult, Extension, Released, Renewal};
 use crate::{LockError, LockInfo};
 
@@ -197,6 +199,28 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
+    /// Renews the locks of `batch` (no reader, no permit) with one script call.
+    pub(super) async fn renew_locks(
+        &self,
+        batch: &[Renewal],
+    ) -> Result<Vec<Option<bool>>, LockError> {
+        let key = (batch.len() == 1).then(|| batch[0].key.as_str());
+        let reply: Vec<i64> = self
+            .run_script(&self.scripts.renew, key, "renewal failed", |cmd| {
+                cmd.arg(2 * batch.len());
+                for item in batch {
+                    cmd.arg(self.names.lock(&item.key))
+                        .arg(self.names.fence(&item.key));
+                }
+                cmd.arg(millis_ceil(FENCE_TTL));
+                for item in batch {
+                    cmd.arg(&item.owner).arg(millis_ceil(item.lease));
+                }
+            })
+            .await?;
+        Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
+    }
+
     /// The waiting attempt: `lua/acquire.lua` (acquires, or flags the holder's lock so that its
     /// release notifies, and answers its TTL).
     /// Whether the lock's value `held` is a reservation (`~<runtime id>`, `+` appended when
@@ -229,7 +253,8 @@ impl RedisBackend {
         let reply: i64 = self
             .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
                 self.block_args(cmd, key, owner, lease);
-                cmd.arg(&self.origin);
+                cmd.arg(&self.origin)
+                    .arg(millis_ceil(shared::WRITER_WAITING));
             })
             .await?;
         Ok(decode_acquire(reply, FENCE_BLOCK))
@@ -265,6 +290,10 @@ impl Backend for RedisBackend {
     /// in, so tokens follow the order of the holds. (A holder whose value came from a
     /// recreated counter raises it to the clock first, see [`FENCE_FLOOR_MIN`].)
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
+        let mode = Mode::of(owner);
+        if mode.is_shared() {
+            return self.acquire_shared(key, owner, lease, mode, false).await;
+        }
         if !self.fencing {
             return self.try_acquire_unfenced(key, owner, lease).await;
         }
@@ -313,27 +342,20 @@ impl Backend for RedisBackend {
         owner: &str,
         lease: Duration,
     ) -> EngineResult<Attempt> {
+        let mode = Mode::of(owner);
+        if mode.is_shared() {
+            return self.acquire_shared(key, owner, lease, mode, true).await;
+        }
         self.acquire_script(key, owner, lease).await
     }
 
     /// Renews `batch` with one script call (the watchdog groups batches by
     /// [`renew_partition`](Backend::renew_partition): on Cluster one hash slot per call).
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
-        let key = (batch.len() == 1).then(|| batch[0].key.as_str());
-        let reply: Vec<i64> = self
-            .run_script(&self.scripts.renew, key, "renewal failed", |cmd| {
-                cmd.arg(2 * batch.len());
-                for item in batch {
-                    cmd.arg(self.names.lock(&item.key))
-                        .arg(self.names.fence(&item.key));
-                }
-                cmd.arg(millis_ceil(FENCE_TTL));
-                for item in batch {
-                    cmd.arg(&item.owner).arg(millis_ceil(item.lease));
-                }
-            })
-            .await?;
-        Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
+        if batch.iter().any(|r| Mode::of(&r.owner).is_shared()) {
+            return self.renew_mixed(batch).await;
+        }
+        self.renew_locks(batch).await
     }
 
     fn fence_block(&self) -> u64 {
@@ -348,6 +370,10 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
+        let mode = Mode::of(owner);
+        if mode.is_shared() {
+            return self.release_shared(key, owner, mode).await;
+        }
         let reply: i64 = self
             .run_script(&self.scripts.release, Some(key), "release failed", |cmd| {
                 cmd.arg(1)

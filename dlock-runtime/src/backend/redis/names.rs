@@ -2,7 +2,9 @@
 //! - lock `<prefix>{<key>}`: a string, the owner token (`+` appended once a waiter outside the
 //!   holder's process asked to be notified); its TTL is the lease;
 //! - fence counter `<prefix>{<key>}:fence`;
-//! - release channel `<prefix>{<key>}:released`.
+//! - release channel `<prefix>{<key>}:released`;
+//! - a read-write lock's readers `<prefix>{<key>}:readers` (the lock string holds their mark);
+//! - a semaphore's holders `<prefix>{<key>}:permits` and size `<prefix>{<key>}:permits:n`.
 //!
 //! The hash tag must be the key, whatever the key and the prefix: inside the braces a key's
 //! `%` and `}` are written `%25` and `%7D`, and the prefix's `%`, `{` and `}` likewise (with
@@ -42,6 +44,21 @@ impl Names {
 
     pub(crate) fn fence(&self, key: &str) -> String {
         self.tagged(key) + ":fence"
+    }
+
+    /// `<prefix>{<key>}:readers`: a read-write lock's readers (see `lua/read_acquire.lua`).
+    pub(crate) fn readers(&self, key: &str) -> String {
+        self.tagged(key) + ":readers"
+    }
+
+    /// `<prefix>{<key>}:permits`: a semaphore's holders (see `lua/permit_acquire.lua`).
+    pub(crate) fn permits(&self, key: &str) -> String {
+        self.tagged(key) + ":permits"
+    }
+
+    /// `<prefix>{<key>}:permits:n`: a semaphore's size while it has holders.
+    pub(crate) fn permits_size(&self, key: &str) -> String {
+        self.tagged(key) + ":permits:n"
     }
 
     pub(crate) fn channel(&self, key: &str) -> String {

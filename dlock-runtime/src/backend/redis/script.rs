@@ -20,6 +20,11 @@ pub(crate) const EXTEND_LUA: &str = include_str!("lua/extend.lua");
 pub(crate) const HOLD_LUA: &str = include_str!("lua/hold.lua");
 pub(crate) const FORCE_UNLOCK_LUA: &str = include_str!("lua/force_unlock.lua");
 pub(crate) const INSPECT_LUA: &str = include_str!("lua/inspect.lua");
+pub(crate) const READ_ACQUIRE_LUA: &str = include_str!("lua/read_acquire.lua");
+pub(crate) const READ_RELEASE_LUA: &str = include_str!("lua/read_release.lua");
+pub(crate) const PERMIT_ACQUIRE_LUA: &str = include_str!("lua/permit_acquire.lua");
+pub(crate) const PERMIT_RELEASE_LUA: &str = include_str!("lua/permit_release.lua");
+pub(crate) const SHARED_RENEW_LUA: &str = include_str!("lua/shared_renew.lua");
 
 /// One script: its name (for messages), source and SHA1.
 pub(super) struct Lua {
@@ -47,6 +52,11 @@ pub(super) struct Scripts {
     pub(super) hold: Lua,
     pub(super) force_unlock: Lua,
     pub(super) inspect: Lua,
+    pub(super) read_acquire: Lua,
+    pub(super) read_release: Lua,
+    pub(super) permit_acquire: Lua,
+    pub(super) permit_release: Lua,
+    pub(super) shared_renew: Lua,
 }
 
 impl Scripts {
@@ -60,6 +70,11 @@ impl Scripts {
             hold: Lua::new("hold", HOLD_LUA),
             force_unlock: Lua::new("force-unlock", FORCE_UNLOCK_LUA),
             inspect: Lua::new("inspect", INSPECT_LUA),
+            read_acquire: Lua::new("read acquire", READ_ACQUIRE_LUA),
+            read_release: Lua::new("read release", READ_RELEASE_LUA),
+            permit_acquire: Lua::new("permit acquire", PERMIT_ACQUIRE_LUA),
+            permit_release: Lua::new("permit release", PERMIT_RELEASE_LUA),
+            shared_renew: Lua::new("shared renew", SHARED_RENEW_LUA),
         }
     }
 }

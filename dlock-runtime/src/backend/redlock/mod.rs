@@ -495,6 +495,21 @@ impl Backend for RedlockBackend {
         Ok(())
     }
 
+    fn check_mode(&self, key: &str, mode: crate::backend::mode::Mode) -> Result<(), LockError> {
+        if !mode.is_shared() {
+            return Ok(());
+        }
+        Err(LockError::config(format!(
+            "`{key}`: redlock:// has no {} locks: a quorum of independent nodes cannot agree \
+             on a set of holders without fencing; use redis://, redis+cluster://, etcd:// or \
+             zk:// for read-write locks and semaphores",
+            match mode {
+                crate::backend::mode::Mode::Read => "read",
+                _ => "semaphore",
+            }
+        )))
+    }
+
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
         let allowance = drift(lease) + self.node_timeout;
         if lease <= allowance {

@@ -31,6 +31,7 @@
 pub(crate) mod config;
 mod inspect;
 mod path;
+mod shared;
 
 pub(crate) use path::escape as path_segment;
 
@@ -43,6 +44,7 @@ use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState};
 
 use self::path::{escape, sequence};
+use super::mode::Mode;
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
 use crate::{LockError, LockInfo};
 
@@ -421,6 +423,20 @@ impl ZooKeeperBackend {
         let my_seq = seq.into_i64();
         let my_node = format!("{node_prefix}{seq}");
         self.contenders().insert(owner.to_owned(), my_node.clone());
+        let mode = Mode::of(owner);
+        if mode.is_shared() {
+            let fence = u64::try_from(stat.czxid).ok();
+            return self
+                .wait_shared(
+                    key,
+                    owner,
+                    (&parent, &my_node, my_seq),
+                    fence,
+                    deadline,
+                    mode,
+                )
+                .await;
+        }
         loop {
             let children = self
                 .session

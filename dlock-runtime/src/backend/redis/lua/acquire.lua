@@ -14,6 +14,8 @@
 -- ARGV[5]  fence block: how many consecutive tokens an acquisition reserves (the runtime
 --          hands the lock to its own waiters with the others, see `script.rs`)
 -- ARGV[6]  this runtime's id
+-- ARGV[7]  writer waiting, in milliseconds: how long a writer that finds readers holding
+--          (their mark `=<until>`, read_acquire.lua) keeps new readers out
 --
 -- Returns one integer (cheaper than a table):
 --         fence > 0     acquired, the LAST token of the reserved block (or already held by
@@ -51,6 +53,15 @@ if held == false or held == ARGV[1] or held == ARGV[1] .. '+' then
     redis.call('PEXPIRE', KEYS[2], ARGV[3])
   end
   return fence
+end
+-- Readers hold: mark a writer waiting (new readers queue behind it until then), flagged so
+-- that the last reader's release notifies, and look again before the mark lapses.
+if string.sub(held, 1, 1) == '=' then
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('SET', KEYS[1], string.format('=%d+', ms + tonumber(ARGV[7])), 'KEEPTTL')
+  local pttl = math.max(redis.call('PTTL', KEYS[1]), 0)
+  return -2 - math.min(pttl, math.floor(tonumber(ARGV[7]) / 2))
 end
 -- Flag it, unless the holder is of this runtime (owner tokens start with the runtime id): its
 -- release wakes this waiter without a message, and a flag would reserve the key for others.

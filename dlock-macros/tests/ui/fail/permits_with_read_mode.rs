@@ -1,0 +1,10 @@
+use dlock_runtime::{LockError, distributed_lock};
+
+#[distributed_lock(key = "api:quota", permits = 8, mode = "read")]
+async fn buy(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+fn main() {
+    let _ = buy(1);
+}

@@ -1,0 +1,96 @@
+//! What an acquisition asks for: the exclusive lock (a write lock), a read lock, or one permit
+//! of a semaphore of `n`.
+//!
+//! The mode travels in the owner token: the runtime appends a tag to the 32 hex digits
+//! (`-r` for a reader, `-s<n>` for a permit of a semaphore of `n`, nothing for the exclusive
+//! lock). Every owner-checked operation (renew, release, the compensating release of a
+//! cancelled attempt, a release from the last-resort thread) then knows which of the key's
+//! structures to touch without another parameter on each path, and engines that name
+//! contenders after their owner (etcd keys, ZooKeeper nodes) can tell every contender's mode
+//! from the queue's listing.
+
+/// An acquisition's mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Mode {
+    /// One holder, excluding every other (a write lock is this).
+    #[default]
+    Exclusive,
+    /// Any number of readers together, none while a writer holds or waits.
+    Read,
+    /// One of at most `n` permits.
+    Permits(u32),
+}
+
+impl Mode {
+    /// The owner token `base` (32 hex digits) tagged with this mode.
+    pub(crate) fn tag(self, base: String) -> String {
+        match self {
+            Mode::Exclusive => base,
+            Mode::Read => base + "-r",
+            Mode::Permits(n) => format!("{base}-s{n}"),
+        }
+    }
+
+    /// The mode an owner token was made for (also read from a name that continues after the
+    /// token, as ZooKeeper's `lock-<owner>-<sequence>`).
+    pub(crate) fn of(owner: &str) -> Mode {
+        let Some(tag) = owner.get(32..).and_then(|t| t.strip_prefix('-')) else {
+            return Mode::Exclusive;
+        };
+        if tag == "r" || tag.starts_with("r-") {
+            return Mode::Read;
+        }
+        if let Some(n) = tag.strip_prefix('s') {
+            let digits = n.split('-').next().unwrap_or_default();
+            if let Ok(n) = digits.parse() {
+                return Mode::Permits(n);
+            }
+        }
+        Mode::Exclusive
+    }
+
+    /// Whether holders of this mode share the key (readers, permits).
+    pub(crate) fn is_shared(self) -> bool {
+        !matches!(self, Mode::Exclusive)
+    }
+
+    /// How [`LockInfo::mode`](crate::LockInfo::mode) names it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Read => "read",
+            Mode::Permits(_) => "semaphore",
+        }
+    }
+}
+
+/// `InvalidConfig` for a semaphore asked with `asked` permits while its holders use `held`.
+pub(crate) fn permits_mismatch(key: &str, asked: u32, held: u32) -> crate::LockError {
+    crate::LockError::config(format!(
+        "semaphore `{key}` asked with {asked} permits while its holders use {held}: \
+         every holder of a semaphore must ask for the same number"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn the_mode_round_trips_through_the_owner_token() {
+        for mode in [
+            Mode::Exclusive,
+            Mode::Read,
+            Mode::Permits(1),
+            Mode::Permits(80),
+        ] {
+            let owner = mode.tag(BASE.to_owned());
+            assert_eq!(Mode::of(&owner), mode, "{owner}");
+            // As ZooKeeper's node names continue it.
+            assert_eq!(Mode::of(&format!("{owner}-0000000042")), mode, "{owner}");
+        }
+        assert_eq!(Mode::of("short"), Mode::Exclusive);
+    }
+}

@@ -1,0 +1,37 @@
+-- A reader's release (see read_acquire.lua), only for its owner. The last reader out deletes
+-- the readers' mark, or, when somebody outside waits (`+`), reserves the key for the waiters
+-- of every other runtime and publishes, as release.lua does for a writer.
+--
+-- KEYS[1]  lock `<prefix>{<key>}`
+-- KEYS[2]  readers `<prefix>{<key>}:readers`
+-- ARGV[1]  owner token
+-- ARGV[2]  release channel
+-- ARGV[3]  message: the releasing runtime's id
+-- ARGV[4]  publish command: PUBLISH or SPUBLISH
+-- ARGV[5]  reservation in milliseconds
+--
+-- Returns 1 released, 0 not a reader (expired, or never was).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+  return 0
+end
+local held = redis.call('GET', KEYS[1])
+local is_mark = held and string.sub(held, 1, 1) == '='
+local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+if last[2] then
+  local ttl = math.max(tonumber(last[2]) - now, 1)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  if is_mark then redis.call('PEXPIRE', KEYS[1], ttl) end
+  return 1
+end
+if is_mark then
+  if string.sub(held, -1) == '+' then
+    redis.call('SET', KEYS[1], '~' .. ARGV[3], 'PX', ARGV[5])
+    redis.call(ARGV[4], ARGV[2], ARGV[3])
+  else
+    redis.call('DEL', KEYS[1])
+  end
+end
+return 1

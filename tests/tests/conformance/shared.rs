@@ -1,0 +1,429 @@
+//! Read-write locks and semaphores: readers overlap, a writer excludes readers and writers and
+//! is not starved by a stream of readers, a semaphore never has more holders than permits
+//! (across runtimes), a killed permit holder frees its permit within its lease, mismatched
+//! sizes and a write inside a read are errors; Redlock refuses both with `InvalidConfig`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use dlock_runtime::{LockError, with_lock};
+use dlock_tests::{AcquireExt, finish_within, hold_in_process};
+use tokio::time::Instant;
+
+use crate::fixture::{Engine, Fixture};
+use crate::support::{LONG_LEASE, assert_nothing_left};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Three readers on three runtimes: each, once it holds, waits until all three hold. Without
+/// overlapping readers the first would wait forever for the others.
+pub(crate) async fn readers_truly_overlap(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let key = "conformance:rw:overlap";
+    let inside = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for rt in fixture.runtimes(3).await {
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = rt
+                .lock(key)
+                .read()
+                .lease(LONG_LEASE)
+                .wait(WAIT)
+                .held(&format!("{engine:?}: a reader"))
+                .await;
+            inside.fetch_add(1, Ordering::SeqCst);
+            let start = Instant::now();
+            while inside.load(Ordering::SeqCst) < 3 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "{engine:?}: readers did not hold together ({} inside)",
+                    inside.load(Ordering::SeqCst)
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            guard.release().await.expect("release");
+        }));
+    }
+    finish_within(tasks, Duration::from_secs(60)).await;
+    assert_nothing_left(&fixture.runtime().await, key, "after the readers").await;
+}
+
+/// A writer keeps readers and writers out; readers keep writers (and plain locks) out but let
+/// readers in; every holder's fence is above the one before.
+pub(crate) async fn a_writer_excludes_readers_and_writers(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let key = "conformance:rw:exclusion";
+    let rts = fixture.runtimes(2).await;
+    let (a, b) = (&rts[0], &rts[1]);
+    let writer = a.lock(key).held(&format!("{engine:?}: writer")).await;
+    let err = b
+        .lock(key)
+        .read()
+        .acquire()
+        .await
+        .expect_err("read while written");
+    assert!(err.is_timeout(), "{engine:?}: {err}");
+    let err = b
+        .lock(key)
+        .acquire()
+        .await
+        .expect_err("write while written");
+    assert!(err.is_timeout(), "{engine:?}: {err}");
+    let writer_fence = writer.fence();
+    writer.release().await.expect("release the writer");
+
+    let r1 = a
+        .lock(key)
+        .read()
+        .wait(WAIT)
+        .held(&format!("{engine:?}: reader 1"))
+        .await;
+    let r2 = b
+        .lock(key)
+        .read()
+        .wait(WAIT)
+        .held(&format!("{engine:?}: reader 2"))
+        .await;
+    if engine.params().fences {
+        let (w, f1, f2) = (
+            writer_fence.unwrap(),
+            r1.fence().unwrap(),
+            r2.fence().unwrap(),
+        );
+        assert!(w < f1 && f1 < f2, "{engine:?}: fences {w} {f1} {f2}");
+    }
+    let err = b.lock(key).acquire().await.expect_err("write while read");
+    assert!(err.is_timeout(), "{engine:?}: {err}");
+    r1.release().await.expect("release reader 1");
+    let err = a
+        .lock(key)
+        .acquire()
+        .await
+        .expect_err("write while one reader reads");
+    assert!(err.is_timeout(), "{engine:?}: {err}");
+    r2.release().await.expect("release reader 2");
+    let writer = b
+        .lock(key)
+        .wait(WAIT)
+        .held(&format!("{engine:?}: writer after readers"))
+        .await;
+    writer.release().await.expect("release");
+    assert_nothing_left(a, key, "after the last release").await;
+}
+
+/// Readers on two runtimes come and go so that some reader always holds; a writer on a third
+/// runtime asks meanwhile: it gets the key within a bounded wait (new readers queue behind
+/// it), and no reader is inside while it holds.
+pub(crate) async fn a_waiting_writer_is_not_starved_by_readers(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let key = "conformance:rw:starve";
+    let rts = fixture.runtimes(3).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers_inside = Arc::new(AtomicU64::new(0));
+    let writer_inside = Arc::new(AtomicBool::new(false));
+    let mut streams = Vec::new();
+    for (i, rt) in rts[..2].iter().enumerate() {
+        let (rt, stop) = (rt.clone(), stop.clone());
+        let (readers_inside, writer_inside) = (readers_inside.clone(), writer_inside.clone());
+        streams.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(40 * i as u64)).await;
+            let mut readers = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let (rt, readers_inside) = (rt.clone(), readers_inside.clone());
+                let writer_inside = writer_inside.clone();
+                readers.push(tokio::spawn(async move {
+                    let guard = rt
+                        .lock(key)
+                        .read()
+                        .lease(LONG_LEASE)
+                        .wait(WAIT)
+                        .acquire()
+                        .await;
+                    let guard = guard.expect("a reader");
+                    assert!(
+                        !writer_inside.load(Ordering::SeqCst),
+                        "a reader inside with the writer"
+                    );
+                    readers_inside.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    readers_inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release a reader");
+                }));
+                tokio::time::sleep(Duration::from_millis(80)).await;
+            }
+            finish_within(readers, Duration::from_secs(60)).await;
+        }));
+    }
+    // The stream is flowing: readers hold.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        readers_inside.load(Ordering::SeqCst) > 0,
+        "{engine:?}: no reader holds"
+    );
+    let started = Instant::now();
+    let writer = rts[2]
+        .lock(key)
+        .lease(LONG_LEASE)
+        .wait(Duration::from_secs(15))
+        .acquire()
+        .await;
+    let waited = started.elapsed();
+    let writer = writer.unwrap_or_else(|e| panic!("{engine:?}: the writer starved: {e}"));
+    writer_inside.store(true, Ordering::SeqCst);
+    assert_eq!(
+        readers_inside.load(Ordering::SeqCst),
+        0,
+        "{engine:?}: readers inside with the writer"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "{engine:?}: the writer waited {waited:?} for readers holding 200 ms each"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    writer_inside.store(false, Ordering::SeqCst);
+    writer.release().await.expect("release the writer");
+    stop.store(true, Ordering::SeqCst);
+    finish_within(streams, Duration::from_secs(90)).await;
+}
+
+/// Three runtimes with five tasks each take one of three permits four times each: never more
+/// than three inside, and three reached.
+pub(crate) async fn a_semaphore_never_exceeds_its_permits(engine: Engine) {
+    const PERMITS: u32 = 3;
+    let fixture = Fixture::start(engine).await;
+    let key = "conformance:semaphore:bound";
+    let inside = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for rt in fixture.runtimes(3).await {
+        for _ in 0..5 {
+            let (rt, inside, most) = (rt.clone(), inside.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..4 {
+                    let permit = rt
+                        .semaphore(key, PERMITS)
+                        .lease(LONG_LEASE)
+                        .wait(Duration::from_secs(60))
+                        .held(&format!("{engine:?}: a permit"))
+                        .await;
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    permit.release().await.expect("release a permit");
+                }
+            }));
+        }
+    }
+    finish_within(tasks, Duration::from_secs(120)).await;
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        most <= u64::from(PERMITS),
+        "{engine:?}: {most} holders of {PERMITS} permits"
+    );
+    assert_eq!(
+        most,
+        u64::from(PERMITS),
+        "{engine:?}: the permits were never all used"
+    );
+    assert_nothing_left(&fixture.runtime().await, key, "after the last permit").await;
+}
+
+/// A semaphore asked with another size while it has holders is `InvalidConfig` naming both;
+/// zero permits too; `permits = 1` excludes like a lock.
+pub(crate) async fn a_semaphore_of_another_size_is_invalid_config(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let key = "conformance:semaphore:size";
+    let rts = fixture.runtimes(2).await;
+    let held = rts[0]
+        .semaphore(key, 2)
+        .held(&format!("{engine:?}: a permit of 2"))
+        .await;
+    let err = rts[1]
+        .semaphore(key, 3)
+        .acquire()
+        .await
+        .expect_err("another size");
+    assert!(err.is_invalid_config(), "{engine:?}: {err}");
+    let text = err.to_string();
+    assert!(
+        text.contains('3') && text.contains('2'),
+        "{engine:?}: {text}"
+    );
+    held.release().await.expect("release");
+    let err = rts[1]
+        .semaphore(key, 0)
+        .acquire()
+        .await
+        .expect_err("zero permits");
+    assert!(err.is_invalid_config(), "{engine:?}: {err}");
+
+    let one = rts[0]
+        .semaphore("conformance:semaphore:one", 1)
+        .held("permit of 1")
+        .await;
+    let err = rts[1]
+        .semaphore("conformance:semaphore:one", 1)
+        .acquire()
+        .await
+        .expect_err("busy");
+    assert!(err.is_timeout(), "{engine:?}: {err}");
+    one.release().await.expect("release");
+    assert_nothing_left(&rts[1], key, "after the release").await;
+}
+
+/// In a call chain: a read inside a write re-enters the write (same fence), a read inside a
+/// read re-enters, a permit inside a permit re-enters, a write inside a read is
+/// `InvalidConfig`, never a deadlock.
+pub(crate) async fn read_and_write_reentrancy_rules(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let rt = fixture.runtime().await;
+    let key = "conformance:rw:reentry";
+    let quick = |b: dlock_runtime::LockBuilder| b.wait(Duration::from_secs(2));
+    rt.scope(async {
+        with_lock(quick(dlock_runtime::lock(key)), async {
+            let outer = dlock_runtime::current_fence();
+            with_lock(quick(dlock_runtime::lock(key).read()), async {
+                assert_eq!(
+                    dlock_runtime::current_fence(),
+                    outer,
+                    "{engine:?}: read in write"
+                );
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{engine:?}: read inside write: {e}"));
+        })
+        .await
+        .expect("write");
+
+        let upgrade = with_lock(quick(dlock_runtime::lock(key).read()), async {
+            with_lock(quick(dlock_runtime::lock(key).read()), async {})
+                .await
+                .unwrap_or_else(|e| panic!("{engine:?}: read inside read: {e}"));
+            with_lock(quick(dlock_runtime::lock(key)), async {}).await
+        })
+        .await
+        .expect("read");
+        let err: LockError = upgrade.expect_err("write inside read");
+        assert!(err.is_invalid_config(), "{engine:?}: {err}");
+        assert!(
+            err.to_string()
+                .contains("cannot upgrade a read lock to a write lock"),
+            "{err}"
+        );
+
+        with_lock(quick(dlock_runtime::semaphore(key, 1)), async {
+            with_lock(quick(dlock_runtime::semaphore(key, 1)), async {})
+                .await
+                .unwrap_or_else(|e| panic!("{engine:?}: permit inside permit: {e}"));
+        })
+        .await
+        .expect("permit");
+    })
+    .await;
+    assert_nothing_left(&rt, key, "after the chains").await;
+}
+
+/// A process holding one of two permits is killed (-9): its permit frees within its lease (on
+/// ZooKeeper, its session), while the other holder keeps the second.
+pub(crate) async fn a_killed_permit_holder_frees_its_permit(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let key = "conformance:semaphore:killed";
+    let url = fixture.url().expect("an engine with servers");
+    let lease = engine.params().short_lease;
+    let lease_ms = u64::try_from(lease.as_millis()).expect("ms");
+    let (mut holder, _) = hold_in_process(&url, key, lease_ms, &["--permits", "2"]).await;
+    let rt = fixture.runtime().await;
+    let mine = rt
+        .semaphore(key, 2)
+        .held(&format!("{engine:?}: the second permit"))
+        .await;
+    let err = rt
+        .semaphore(key, 2)
+        .acquire()
+        .await
+        .expect_err("both permits held");
+    assert!(err.is_timeout(), "{engine:?}: {err}");
+    holder.kill9().await;
+    let killed = Instant::now();
+    let bound = match engine {
+        // Ephemeral nodes live as long as the session (10 s by default).
+        Engine::ZooKeeper => Duration::from_secs(14),
+        _ => lease + Duration::from_millis(2500),
+    };
+    let freed = rt
+        .semaphore(key, 2)
+        .wait(bound)
+        .held(&format!("{engine:?}: the killed holder's permit"))
+        .await;
+    let took = killed.elapsed();
+    assert!(took <= bound, "{engine:?}: freed after {took:?}");
+    freed.release().await.expect("release");
+    mine.release().await.expect("release");
+}
+
+/// Redlock has no read locks and no semaphores: `InvalidConfig` at acquire, naming redlock.
+pub(crate) async fn redlock_refuses_read_locks_and_semaphores(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let rt = fixture.runtime().await;
+    for err in [
+        rt.lock("conformance:rw")
+            .read()
+            .acquire()
+            .await
+            .expect_err("read on redlock"),
+        rt.semaphore("conformance:sem", 2)
+            .acquire()
+            .await
+            .expect_err("semaphore on redlock"),
+    ] {
+        assert!(err.is_invalid_config(), "{err}");
+        assert!(err.to_string().contains("redlock"), "{err}");
+    }
+    rt.lock("conformance:rw")
+        .held("a write lock on redlock")
+        .await
+        .release()
+        .await
+        .expect("release");
+}
+
+/// A reader's release never hands its hold to a writer waiting in the same runtime (a hand-over
+/// is for exclusive holds): while a reader of another runtime still reads, the writer waits.
+pub(crate) async fn a_readers_release_hands_nothing_to_a_waiting_writer(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let key = "conformance:rw:handoff";
+    let rts = fixture.runtimes(2).await;
+    let (a, b) = (&rts[0], &rts[1]);
+    let r1 = a
+        .lock(key)
+        .read()
+        .held(&format!("{engine:?}: reader on a"))
+        .await;
+    let r2 = b
+        .lock(key)
+        .read()
+        .held(&format!("{engine:?}: reader on b"))
+        .await;
+    let writer = {
+        let lock = a.lock(key).lease(LONG_LEASE).wait(WAIT);
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    // The writer heads a's queue when the reader on a releases.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    r1.release().await.expect("release the reader on a");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !writer.is_finished(),
+        "{engine:?}: the writer got the key while a reader on b reads"
+    );
+    r2.release().await.expect("release the reader on b");
+    let guard = tokio::time::timeout(WAIT, writer)
+        .await
+        .expect("the writer within its wait")
+        .expect("writer task")
+        .unwrap_or_else(|e| panic!("{engine:?}: writer: {e}"));
+    guard.release().await.expect("release the writer");
+}
