@@ -12,10 +12,14 @@
 //! the slot for it, under the hub's lock, so that the last waiter leaving the queue finds and
 //! releases a hold nobody will take ([`strand`]), and a head asking other terms releases it.
 //!
-//! Bounded by the block: once its tokens are used up, the lock is released in the engine,
-//! where waiters of other processes get their turn (Redis reserves a flagged release for
-//! them, see `lua/release.lua`). Every holder still gets a token above every earlier holder's:
-//! the block was reserved by one `INCRBY` after every earlier acquisition's. Not handed over: a
+//! Bounded by the block: once its tokens are used up, the engine is asked to end the hold
+//! ([`wants_extension`]): when a waiter of this runtime wants the key next and no waiter of
+//! another process has flagged it, the engine keeps it with a new block and a renewed lease
+//! in the same round trip (`lua/extend.lua`), and it is handed over again; otherwise it is
+//! released, and waiters of other processes get their turn (Redis reserves a flagged release
+//! for them, see `lua/release.lua`). Every holder still gets a token above every earlier
+//! holder's: each block is reserved by one `INCRBY` while the key is held, after every earlier
+//! acquisition's. Not handed over: a
 //! lock whose lease is not renewed (its lease runs from the first acquisition), a lock known
 //! lost, a read lock or semaphore permit (never handed, nor handed to: the key is shared),
 //! and engines whose tokens cannot be reserved in blocks (block of 1).
