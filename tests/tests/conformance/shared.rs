@@ -459,7 +459,10 @@ pub(crate) async fn shared_holds_are_inspected_with_their_mode_and_holders(engin
     }
     let plain = rts[0].lock(plain_key).lease(LONG_LEASE).held("plain").await;
     let observer = &rts[2];
-    for (key, mode, guards) in [(read_key, "read", &readers), (sem_key, "semaphore", &permits)] {
+    for (key, mode, guards) in [
+        (read_key, "read", &readers),
+        (sem_key, "semaphore", &permits),
+    ] {
         let info = observer
             .inspect(key)
             .await
@@ -484,7 +487,10 @@ pub(crate) async fn shared_holds_are_inspected_with_their_mode_and_holders(engin
             );
         }
     }
-    let listing = observer.list("conformance:shared:inspect:").await.expect("list");
+    let listing = observer
+        .list("conformance:shared:inspect:")
+        .await
+        .expect("list");
     let shown: Vec<(&str, &str, u32)> = listing
         .iter()
         .map(|i| (i.key.as_str(), i.mode.as_str(), i.holds))
@@ -542,7 +548,11 @@ pub(crate) async fn force_unlock_removes_readers_and_permits_and_wakes_waiters(e
         };
         let mut holders = Vec::new();
         for rt in &rts[..2] {
-            holders.push(take(rt).held(&format!("{engine:?}: a holder of {key}")).await);
+            holders.push(
+                take(rt)
+                    .held(&format!("{engine:?}: a holder of {key}"))
+                    .await,
+            );
         }
         let waiter_rt = rts[2].clone();
         let waiter = tokio::spawn(async move {
@@ -555,7 +565,10 @@ pub(crate) async fn force_unlock_removes_readers_and_permits_and_wakes_waiters(e
             (guard, Instant::now())
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(!waiter.is_finished(), "{engine:?}: {key} is full, the waiter waits");
+        assert!(
+            !waiter.is_finished(),
+            "{engine:?}: {key} is full, the waiter waits"
+        );
         let forced = Instant::now();
         assert!(
             rts[2].force_unlock(key).await.expect("force unlock"),
@@ -564,11 +577,18 @@ pub(crate) async fn force_unlock_removes_readers_and_permits_and_wakes_waiters(e
         let (guard, at) = waiter.await.expect("waiter");
         let guard = guard.unwrap_or_else(|e| panic!("{engine:?}: the waiter of {key}: {e}"));
         let took = at.duration_since(forced);
-        assert!(took < bound, "{engine:?}: {key}'s waiter held {took:?} after the forced unlock");
+        assert!(
+            took < bound,
+            "{engine:?}: {key}'s waiter held {took:?} after the forced unlock"
+        );
         if !semaphore {
             // A writer holds: not one of the readers was left behind.
             let info = rts[2].inspect(key).await.expect("inspect").expect("held");
-            assert_eq!((info.mode.as_str(), info.holds), ("exclusive", 1), "{engine:?}");
+            assert_eq!(
+                (info.mode.as_str(), info.holds),
+                ("exclusive", 1),
+                "{engine:?}"
+            );
         }
         guard.release().await.expect("release");
         for holder in holders {

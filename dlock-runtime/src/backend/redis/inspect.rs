@@ -66,7 +66,10 @@ fn holder_of_row(key: &str, row: &Row) -> Option<Holding> {
         (Mode::Permits(0), *permits, permit, *permit_ms),
     ];
     for (mode, count, owner, ms) in shared {
-        let Some(owner) = std::str::from_utf8(owner).ok().filter(|o| is_owner_token(o)) else {
+        let Some(owner) = std::str::from_utf8(owner)
+            .ok()
+            .filter(|o| is_owner_token(o))
+        else {
             continue;
         };
         if count > 0 && ms > 0 {
@@ -323,6 +326,10 @@ mod tests {
         let held = holder_of_row("k", &row).expect("permits");
         assert_eq!((held.info().mode.as_str(), held.holds), ("semaphore", 2));
         let row: Row = (b"=0".to_vec(), 900, 0, Vec::new(), 0, 0, Vec::new(), 0);
-        assert_eq!(holder_of_row("k", &row), None, "a mark without live readers");
+        assert_eq!(
+            holder_of_row("k", &row),
+            None,
+            "a mark without live readers"
+        );
     }
 }
