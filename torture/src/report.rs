@@ -153,7 +153,7 @@ impl Row {
         } else if f.writer_overlaps > 0 {
             v.expected.push(format!(
                 "{} sections overlapped with a writer (a holder paused past its lease, or \
-                 forgotten by a restarted engine); the writers' stale writes were fenced",
+                 forgotten by a restarted engine); the writes' history is whole: no update lost",
                 f.writer_overlaps
             ));
         }
