@@ -24,7 +24,10 @@
 //! - `cp` (feature `cp-engines`): etcd and ZooKeeper against their own raw round trips;
 //! - `peer`: dlock against rslock 0.10 in the same run: sequential latency, commands per
 //!   acquire + release, distinct keys, a hot key in one process and across 4 processes (the
-//!   program re-executed with the hidden `peer-worker` subcommand).
+//!   program re-executed with the hidden `peer-worker` subcommand);
+//! - `prim`: read locks and semaphores: 8 tasks reading under a read lock against the same
+//!   under the exclusive lock (throughput), and a semaphore's sequential acquire + release
+//!   against the plain lock's.
 //!
 //! Layout: [`options`] reads the command line, [`workloads`] holds one module per family,
 //! [`baselines`] the raw client calls they are compared with, [`stats`] percentiles and ratios,
@@ -46,7 +49,7 @@ use dlock_runtime::Runtime;
 use dlock_testkit::RedisServer;
 
 use crate::options::{Options, Section};
-use crate::workloads::{attribute, distinct_keys, fan_out, hot_key, peer, sequential};
+use crate::workloads::{attribute, distinct_keys, fan_out, hot_key, peer, primitives, sequential};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -115,6 +118,7 @@ async fn main() -> Result<(), BoxError> {
             Section::Multi => fan_out::rows(&setup).await?,
             Section::Cp => workloads::cp_rows(&setup).await?,
             Section::Peer => peer::rows(&setup).await?,
+            Section::Prim => primitives::rows(&setup).await?,
         });
     }
     report::print(&rows);

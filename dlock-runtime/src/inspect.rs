@@ -6,7 +6,7 @@ use std::time::Duration;
 /// How many leading characters of an owner token [`LockInfo::owner`] shows.
 const OWNER_SHOWN: usize = 8;
 
-/// The one mode there is for now.
+/// The mode of a plain lock or a write lock.
 pub(crate) const EXCLUSIVE: &str = "exclusive";
 
 /// A lock held now, as the engine shows it ([`Runtime::inspect`](crate::Runtime::inspect),
@@ -22,7 +22,21 @@ pub(crate) const EXCLUSIVE: &str = "exclusive";
 /// | ZooKeeper | the session timeout this runtime negotiated: how long the holder's node outlives its session if the holder stops now (the server does not show another session's) | 1 | the holder node's `czxid` |
 ///
 /// Reentrant holds are counted by the runtime that holds the lock, not in the engine: an
-/// engine stores one hold per acquisition, so `holds` is 1 on every engine the runtime drives.
+/// engine stores one hold per acquisition, so `holds` is 1 for an exclusive lock on every
+/// engine the runtime drives.
+///
+/// A read lock or a semaphore (`mode` `"read"` or `"semaphore"`) is one entry per key:
+/// `holds` counts its live holders (readers, permit holders) and `owner` is one of them:
+///
+/// | engine | `owner` | `ttl` | `fence` |
+/// |---|---|---|---|
+/// | memory | the holder with the lowest fence | until the last holder's lease ends | that holder's token |
+/// | Redis, Cluster | the holder whose lease ends last (sorted sets `:readers`, `:permits`) | its lease left: until the last holder's lease ends | `None` |
+/// | etcd | the earliest holder in the key's queue (lowest create revision) | the longest lease left among the holders | that holder's create revision |
+/// | ZooKeeper | the earliest holder in the key's queue (lowest sequence) | the session timeout, as for a lock | that holder's node's `czxid` |
+///
+/// On etcd and ZooKeeper the holders are the front of the key's queue (the readers before
+/// the first writer, the permits among the first N); the waiters behind them are not counted.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -168,7 +168,9 @@ impl Runtime {
     }
 
     /// Deletes the lock on `key` whoever holds it and wakes its waiters; `true` when it was
-    /// held. The holder finds out at its next renewal (its `lost()` resolves). This is the only
+    /// held. A read lock or a semaphore loses every holder at once (all its readers, all its
+    /// permits); on etcd and ZooKeeper the waiters queued behind the holders keep their places.
+    /// The holders find out at their next renewal (their `lost()` resolves). This is the only
     /// operation that is not owner-checked: an operator's tool, not a way to release.
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let existed = self.core.backend.force_unlock(key).await?;

@@ -17,19 +17,37 @@
 //!   is missing from the chain (an update was lost), **in order** if both writes were accepted
 //!   and are in the chain (the store serialized them: the later one claimed and read after the
 //!   earlier one wrote), and **fenced** otherwise (a write was rejected, or never made).
+//!
+//! The shared modes judge a section by what it finished: from its start to its last completed
+//! step (its end, unless the runtime cancelled it or a store call failed; then its intent, or
+//! its start). A holder paused and then cancelled did nothing after its last step.
+//!
+//! - **`--mode semaphore`** (N permits): per key, the holders running at each start. A section
+//!   that started while N others ran is **over the permits**; the most running at once is
+//!   reported too.
+//! - **`--mode rw`**: the writers' history as above (readers write nothing), plus **writer
+//!   overlaps**: sections still running when another of the key started, where one of the two
+//!   is a writer (each earlier section counted once); and **reader overlaps**: readers still
+//!   running when another reader started (the read lock shares: a run with several tasks must
+//!   have some).
 
 use std::collections::{HashMap, HashSet};
 
+use crate::cli::Mode;
 use crate::store::{Outcome, Record, Written};
+use crate::worker::READER;
 
 /// One critical section, from its records.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Section<'a> {
     key: &'a str,
     fence: Option<u64>,
     start: u64,
     /// The last moment it is known to have run: its end, or its intent record's time.
     until: u64,
+    /// The end of its last completed step: its end, unless it was cancelled or failed (then
+    /// its intent record's time, or its start).
+    done: u64,
     /// `(count written, section read)` from its intent record.
     intent: Option<(u64, Option<&'a str>)>,
     outcome: Option<Outcome>,
@@ -55,19 +73,129 @@ pub(crate) struct Findings {
     pub(crate) stale_accepted: u64,
     pub(crate) lost_updates: u64,
     pub(crate) duplicate_fences: u64,
+    /// `--mode semaphore`: sections that started while the semaphore's size of others ran.
+    pub(crate) over_permits: u64,
+    /// The most sections of one key running at once (shared modes).
+    pub(crate) peak_holders: u64,
+    /// `--mode rw`: readers' sections.
+    pub(crate) reads: u64,
+    /// `--mode rw`: sections overlapping another where one of the two is a writer.
+    pub(crate) writer_overlaps: u64,
+    /// `--mode rw`: readers overlapping another reader.
+    pub(crate) reader_overlaps: u64,
     /// A broken history or an inconsistent log: always a violation.
     pub(crate) problems: Vec<String>,
 }
 
-/// Checks `records` (the whole log) against `finals` (each key's counter at the end).
-pub(crate) fn check(records: &[Record], finals: &[(String, Option<Written>)]) -> Findings {
+/// Checks `records` (the whole log) against `finals` (each key's counter at the end), for
+/// sections that ran in `mode`.
+pub(crate) fn check(
+    records: &[Record],
+    finals: &[(String, Option<Written>)],
+    mode: Mode,
+) -> Findings {
     let mut findings = Findings::default();
     let sections = sections(records, &mut findings.problems);
     findings.sections = sections.len() as u64;
     for (key, last) in finals {
-        check_key(key, last.as_ref(), &sections, &mut findings);
+        findings.duplicate_fences += duplicate_fences(key, &sections);
+        match mode {
+            Mode::Exclusive => check_key(key, last.as_ref(), &sections, &mut findings),
+            Mode::Semaphore(n) => check_permits(key, n, &sections, &mut findings),
+            Mode::Rw => {
+                let writers: HashMap<&str, Section> = sections
+                    .iter()
+                    .filter(|(id, _)| !is_reader(id))
+                    .map(|(id, s)| (*id, s.clone()))
+                    .collect();
+                check_key(key, last.as_ref(), &writers, &mut findings);
+                check_readers_and_writers(key, &sections, &mut findings);
+            }
+        }
     }
     findings
+}
+
+fn is_reader(id: &str) -> bool {
+    id.ends_with(READER)
+}
+
+/// Fences held by more than one section of `key`.
+fn duplicate_fences(key: &str, sections: &HashMap<&str, Section<'_>>) -> u64 {
+    let mut fences: HashMap<u64, u32> = HashMap::new();
+    for s in sections.values().filter(|s| s.key == key) {
+        if let Some(fence) = s.fence {
+            *fences.entry(fence).or_default() += 1;
+        }
+    }
+    fences.values().filter(|&&n| n > 1).count() as u64
+}
+
+/// The sections of `key` as `(id, start, done)`, by start.
+fn spans<'a>(key: &str, sections: &HashMap<&'a str, Section<'_>>) -> Vec<(&'a str, u64, u64)> {
+    let mut spans: Vec<_> = sections
+        .iter()
+        .filter(|(_, s)| s.key == key)
+        .map(|(id, s)| (*id, s.start, s.done))
+        .collect();
+    spans.sort_by_key(|&(id, start, _)| (start, id));
+    spans
+}
+
+/// `--mode semaphore`: no section may start while `permits` others of its key still run.
+fn check_permits(
+    key: &str,
+    permits: u32,
+    sections: &HashMap<&str, Section<'_>>,
+    findings: &mut Findings,
+) {
+    // The running sections' ends, the earliest first.
+    let mut running = std::collections::BinaryHeap::new();
+    for (_, start, done) in spans(key, sections) {
+        while running
+            .peek()
+            .is_some_and(|std::cmp::Reverse(end)| *end <= start)
+        {
+            running.pop();
+        }
+        if running.len() >= permits as usize {
+            findings.over_permits += 1;
+        }
+        running.push(std::cmp::Reverse(done));
+        findings.peak_holders = findings.peak_holders.max(running.len() as u64);
+    }
+}
+
+/// `--mode rw`: writers overlap nobody; readers overlap each other.
+fn check_readers_and_writers(
+    key: &str,
+    sections: &HashMap<&str, Section<'_>>,
+    findings: &mut Findings,
+) {
+    let spans = spans(key, sections);
+    let mut running = std::collections::BinaryHeap::new();
+    for (i, &(id, start, done)) in spans.iter().enumerate() {
+        let reader = is_reader(id);
+        findings.reads += u64::from(reader);
+        let (mut with_writer, mut with_reader) = (false, false);
+        for &(other, _, _) in spans[i + 1..].iter().take_while(|(_, t, _)| *t < done) {
+            if reader && is_reader(other) {
+                with_reader = true;
+            } else {
+                with_writer = true;
+            }
+        }
+        findings.writer_overlaps += u64::from(with_writer);
+        findings.reader_overlaps += u64::from(with_reader);
+        while running
+            .peek()
+            .is_some_and(|std::cmp::Reverse(end)| *end <= start)
+        {
+            running.pop();
+        }
+        running.push(std::cmp::Reverse(done));
+        findings.peak_holders = findings.peak_holders.max(running.len() as u64);
+    }
 }
 
 fn sections<'a>(
@@ -85,6 +213,7 @@ fn sections<'a>(
             fence,
             start,
             until: start,
+            done: start,
             ..Section::default()
         });
         if (section.key, section.fence, section.start) != (key.as_str(), fence, start) {
@@ -94,13 +223,21 @@ fn sections<'a>(
         }
         section.until = section.until.max(at);
         match record {
-            Record::Intent(i) => section.intent = Some((i.n, i.prev.as_deref())),
+            Record::Intent(i) => {
+                section.intent = Some((i.n, i.prev.as_deref()));
+                section.done = section.done.max(i.at);
+            }
             Record::End(e) => match section.outcome {
                 Some(outcome) if outcome != e.outcome => problems.push(format!(
                     "section {id}: two end records ({outcome:?}, {:?})",
                     e.outcome
                 )),
-                _ => section.outcome = Some(e.outcome),
+                _ => {
+                    section.outcome = Some(e.outcome);
+                    if !matches!(e.outcome, Outcome::Cancelled | Outcome::Failed) {
+                        section.done = section.done.max(e.end);
+                    }
+                }
             },
         }
     }
@@ -131,7 +268,6 @@ fn check_key(
         .filter(|(_, s)| s.key == key)
         .map(|(id, s)| (*id, s))
         .collect();
-    let mut fences: HashMap<u64, u32> = HashMap::new();
     for (id, s) in &of_key {
         match s.outcome {
             Some(Outcome::Accepted) if !in_chain.contains(id) => findings.lost_updates += 1,
@@ -141,18 +277,14 @@ fn check_key(
                 ))
             }
             Some(Outcome::Rejected | Outcome::ClaimRejected) => findings.rejected += 1,
-            Some(Outcome::Accepted) => {}
+            Some(Outcome::Accepted | Outcome::Held | Outcome::Read) => {}
             Some(Outcome::Cancelled | Outcome::Failed) | None => {
                 if s.intent.is_some() && !in_chain.contains(id) {
                     findings.unresolved += 1;
                 }
             }
         }
-        if let Some(fence) = s.fence {
-            *fences.entry(fence).or_default() += 1;
-        }
     }
-    findings.duplicate_fences += fences.values().filter(|&&n| n > 1).count() as u64;
 
     let accepted =
         |id: &str, s: &Section| in_chain.contains(id) || s.outcome == Some(Outcome::Accepted);
@@ -291,10 +423,82 @@ mod tests {
 
     fn run(specs: &[Spec], last: Option<(u64, &str)>) -> Findings {
         let last = last.map(|(n, by)| Written { n, by: by.into() });
-        check(&log(specs), &[(KEY.to_owned(), last)])
+        check(&log(specs), &[(KEY.to_owned(), last)], Mode::Exclusive)
     }
 
-    use Outcome::{Accepted, Cancelled, ClaimRejected, Rejected};
+    /// Sections on `KEY` that only log their end: `(id, fence, start, end, outcome)`.
+    fn ends(specs: &[(&str, u64, u64, u64, Outcome)]) -> Vec<Record> {
+        specs
+            .iter()
+            .map(|&(id, fence, start, end, outcome)| {
+                Record::End(End {
+                    id: id.into(),
+                    key: KEY.into(),
+                    fence: Some(fence),
+                    start,
+                    end,
+                    outcome,
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_semaphore_counts_holders_over_its_permits() {
+        let finals = [(KEY.to_owned(), None)];
+        // Two at once at most: within a semaphore of 2.
+        let two = ends(&[
+            ("a", 1, 0, 10, Held),
+            ("b", 2, 5, 20, Held),
+            ("c", 3, 10, 30, Held),
+            ("d", 4, 20, 40, Held),
+        ]);
+        let findings = check(&two, &finals, Mode::Semaphore(2));
+        assert_eq!((findings.over_permits, findings.peak_holders), (0, 2));
+        // c starts while a and b still run: one over a semaphore of 2, none over 3.
+        let three = ends(&[
+            ("a", 1, 0, 15, Held),
+            ("b", 2, 5, 20, Held),
+            ("c", 3, 10, 30, Held),
+        ]);
+        let findings = check(&three, &finals, Mode::Semaphore(2));
+        assert_eq!((findings.over_permits, findings.peak_holders), (1, 3));
+        assert_eq!(check(&three, &finals, Mode::Semaphore(3)).over_permits, 0);
+        // A holder the runtime cancelled finished nothing after its start.
+        let cancelled = ends(&[
+            ("a", 1, 0, 100, Cancelled),
+            ("b", 2, 5, 20, Held),
+            ("c", 3, 10, 30, Held),
+        ]);
+        assert_eq!(
+            check(&cancelled, &finals, Mode::Semaphore(2)).over_permits,
+            0
+        );
+    }
+
+    #[test]
+    fn rw_counts_writers_overlapping_anyone_and_readers_overlapping_readers() {
+        let finals = [(KEY.to_owned(), None)];
+        let readers = ends(&[
+            ("a.1r", 1, 0, 10, Read),
+            ("a.2r", 2, 5, 20, Read),
+            ("a.3r", 3, 30, 40, Read),
+        ]);
+        let findings = check(&readers, &finals, Mode::Rw);
+        assert_eq!(findings.reads, 3);
+        assert_eq!((findings.reader_overlaps, findings.writer_overlaps), (1, 0));
+        // A writer (no `r`) that starts while a reader runs, and a reader inside a writer.
+        let mixed = ends(&[
+            ("a.1r", 1, 0, 10, Read),
+            ("a.2", 2, 5, 20, ClaimRejected),
+            ("a.3r", 3, 15, 25, Read),
+        ]);
+        let findings = check(&mixed, &finals, Mode::Rw);
+        assert_eq!((findings.reader_overlaps, findings.writer_overlaps), (0, 2));
+        assert_eq!(findings.overlaps, 0, "no two writers overlapped");
+    }
+
+    use Outcome::{Accepted, Cancelled, ClaimRejected, Held, Read, Rejected};
 
     #[test]
     fn a_clean_history_has_no_findings() {

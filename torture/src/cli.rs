@@ -7,7 +7,7 @@ use std::time::Duration;
 /// Printed by `--help` and after a bad argument.
 pub(crate) const USAGE: &str = "\
 usage: torture [--engine ENGINE] [--procs P] [--tasks T] [--seconds S] [--sections N]
-               [--faults LIST] [--keys K] [--seed N]
+               [--faults LIST] [--keys K] [--seed N] [--mode MODE] [--permits N]
 
   --engine ENGINE  memory, redis, cluster, redlock, etcd, zookeeper, a comma-separated list of
                    them, or all (default; all and lists run one engine after another)
@@ -18,8 +18,12 @@ usage: torture [--engine ENGINE] [--procs P] [--tasks T] [--seconds S] [--sectio
   --faults LIST    comma-separated: kill, pause, restart; or none (default kill,pause,restart)
   --keys K         keys the tasks contend for (default 3)
   --seed N         seed of the fault injector's choices (default: from the clock, printed)
-  --no-lock        run the critical sections without the lock, unfenced: a check of the
-                   checker (the run must fail)
+  --mode MODE      exclusive (default): fenced read-modify-writes under the lock;
+                   semaphore: sections hold one of N permits (at most N at once per key);
+                   rw: 80 % readers (read the store under a read lock), 20 % writers
+  --permits N      the semaphore's size in --mode semaphore (default 2)
+  --no-lock        run the critical sections without the lock (or the permit), unfenced: a
+                   check of the checker (the run must fail)
   -h, --help       print this
 
 Prints one table row per engine; exits with status 1 on any violation, 2 on a bad argument.";
@@ -74,6 +78,67 @@ impl fmt::Display for Engine {
     }
 }
 
+/// What the workers' sections hold: the exclusive lock, one permit of a semaphore, or a read
+/// or write hold of a read-write lock.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub(crate) enum Mode {
+    /// A fenced read-modify-write under the exclusive lock.
+    #[default]
+    Exclusive,
+    /// One permit of a semaphore of this size; the section only holds it for a moment.
+    Semaphore(u32),
+    /// Readers (read the store under a read lock) and writers (the exclusive section under
+    /// the write lock), [`Mode::READ_PERCENT`] of them readers.
+    Rw,
+}
+
+impl Mode {
+    /// The share of readers in `rw` mode.
+    pub(crate) const READ_PERCENT: usize = 80;
+
+    /// The default size of the semaphore (`--permits`).
+    pub(crate) const PERMITS: u32 = 2;
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Semaphore(_) => "semaphore",
+            Mode::Rw => "rw",
+        }
+    }
+
+    /// The worker's command-line form (`semaphore:N` carries the size).
+    fn to_arg(self) -> String {
+        match self {
+            Mode::Semaphore(n) => format!("semaphore:{n}"),
+            other => other.name().to_owned(),
+        }
+    }
+
+    fn from_arg(arg: &str) -> Result<Mode, String> {
+        match arg.split_once(':') {
+            None if arg == "exclusive" => Ok(Mode::Exclusive),
+            None if arg == "rw" => Ok(Mode::Rw),
+            Some(("semaphore", n)) => n
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .map(Mode::Semaphore)
+                .ok_or(format!("worker: bad semaphore size `{n}`")),
+            _ => Err(format!("worker: unknown mode `{arg}`")),
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Semaphore(n) => write!(f, "semaphore of {n}"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
 /// A fault the injector applies.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Fault {
@@ -111,6 +176,8 @@ pub(crate) struct Options {
     pub(crate) seed: Option<u64>,
     /// Sections without the lock (`--no-lock`): the checker must see violations.
     pub(crate) no_lock: bool,
+    /// What the sections hold (`--mode`, `--permits`).
+    pub(crate) mode: Mode,
 }
 
 impl Default for Options {
@@ -125,6 +192,7 @@ impl Default for Options {
             keys: 3,
             seed: None,
             no_lock: false,
+            mode: Mode::Exclusive,
         }
     }
 }
@@ -146,6 +214,8 @@ impl Command {
             return WorkerArgs::parse(args).map(Command::Worker);
         }
         let mut options = Options::default();
+        let mut mode = None;
+        let mut permits = None;
         while let Some(arg) = args.next() {
             let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
             match arg.as_str() {
@@ -172,10 +242,28 @@ impl Command {
                     options.seed = Some(seed);
                 }
                 "--no-lock" => options.no_lock = true,
+                "--mode" => mode = Some(value("--mode")?),
+                "--permits" => permits = Some(positive("--permits", &value("--permits")?)?),
                 "-h" | "--help" => return Ok(Command::Help),
                 other => return Err(format!("unknown argument `{other}`")),
             }
         }
+        options.mode = match (mode.as_deref(), permits) {
+            (None | Some("exclusive"), None) => Mode::Exclusive,
+            (Some("rw"), None) => Mode::Rw,
+            (Some("semaphore"), permits) => {
+                let n = permits.map_or(Ok(Mode::PERMITS), u32::try_from);
+                Mode::Semaphore(n.map_err(|_| "--permits: too large".to_owned())?)
+            }
+            (None | Some("exclusive" | "rw"), Some(_)) => {
+                return Err("--permits applies to --mode semaphore only".into());
+            }
+            (Some(other), _) => {
+                return Err(format!(
+                    "unknown mode `{other}`; expected exclusive, semaphore or rw"
+                ));
+            }
+        };
         Ok(Command::Run(options))
     }
 }
@@ -236,6 +324,7 @@ pub(crate) struct WorkerArgs {
     pub(crate) wait: Duration,
     /// Whether sections take the lock (`false` only for `--no-lock`).
     pub(crate) locked: bool,
+    pub(crate) mode: Mode,
 }
 
 impl WorkerArgs {
@@ -253,6 +342,7 @@ impl WorkerArgs {
             self.lease.as_millis().to_string(),
             self.wait.as_millis().to_string(),
             if self.locked { "locked" } else { "unlocked" }.into(),
+            self.mode.to_arg(),
         ]
     }
 
@@ -267,11 +357,12 @@ impl WorkerArgs {
             lease_ms,
             wait_ms,
             locked,
+            mode,
         ] = args.as_slice()
         else {
             return Err(format!(
-                "worker: expected id, lock url, store url, tasks, keys, lease ms, wait ms and \
-                 locked or unlocked; got {} arguments",
+                "worker: expected id, lock url, store url, tasks, keys, lease ms, wait ms, \
+                 locked or unlocked, and the mode; got {} arguments",
                 args.len()
             ));
         };
@@ -292,6 +383,7 @@ impl WorkerArgs {
                 "unlocked" => false,
                 other => return Err(format!("worker: `{other}` is not locked or unlocked")),
             },
+            mode: Mode::from_arg(mode)?,
         })
     }
 }
@@ -361,6 +453,15 @@ mod tests {
             (&["--faults", "kill,nap"][..], "unknown fault `nap`"),
             (&["--seconds"][..], "--seconds needs a value"),
             (&["--verbose"][..], "unknown argument `--verbose`"),
+            (&["--mode", "fair"][..], "unknown mode `fair`"),
+            (
+                &["--permits", "3"][..],
+                "--permits applies to --mode semaphore only",
+            ),
+            (
+                &["--mode", "semaphore", "--permits", "0"][..],
+                "--permits: expected a positive",
+            ),
         ] {
             let err = parse(args).expect_err(message);
             assert!(err.contains(message), "{args:?}: {err}");
@@ -378,10 +479,32 @@ mod tests {
             lease: Duration::from_millis(1500),
             wait: Duration::from_secs(2),
             locked: true,
+            mode: Mode::Exclusive,
         };
-        match Command::parse(args.to_args()) {
-            Ok(Command::Worker(parsed)) => assert_eq!(parsed, args),
-            other => panic!("{other:?}"),
+        for mode in [Mode::Exclusive, Mode::Semaphore(3), Mode::Rw] {
+            let args = WorkerArgs {
+                mode,
+                ..args.clone()
+            };
+            match Command::parse(args.to_args()) {
+                Ok(Command::Worker(parsed)) => assert_eq!(parsed, args),
+                other => panic!("{other:?}"),
+            }
         }
+    }
+
+    #[test]
+    fn modes_are_read() {
+        let mode = |args: &[&str]| match parse(args) {
+            Ok(Command::Run(options)) => options.mode,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(mode(&[]), Mode::Exclusive);
+        assert_eq!(mode(&["--mode", "semaphore"]), Mode::Semaphore(2));
+        assert_eq!(
+            mode(&["--permits", "5", "--mode", "semaphore"]),
+            Mode::Semaphore(5)
+        );
+        assert_eq!(mode(&["--mode", "rw"]), Mode::Rw);
     }
 }

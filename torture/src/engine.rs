@@ -4,14 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_runtime::Runtime;
+use dlock_runtime::{LockGuard, Runtime};
 use dlock_testkit::RedisServer;
 use dlock_testkit::cluster::RedisCluster;
 use dlock_testkit::etcd::EtcdServer;
 use dlock_testkit::redis::lock_key;
 use dlock_testkit::zookeeper::ZooKeeperServer;
 
-use crate::cli::Engine;
+use crate::cli::{Engine, Mode};
 use crate::rng::Rng;
 
 /// Redlock's per-node timeout: a node slowed down by a loaded machine is not a missing vote.
@@ -178,15 +178,20 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// The keys still locked now, tried once each with no wait on `rt`; for each, how long it then
-/// took to get (up to 30 s), or `None` if it never came free.
-pub(crate) async fn keys_left(rt: &Runtime, keys: &[String]) -> Vec<(String, Option<Duration>)> {
+/// took to get (up to 30 s), or `None` if it never came free. A semaphore's key is free when
+/// all its permits can be taken at once; a read-write lock's when its write lock can.
+pub(crate) async fn keys_left(
+    rt: &Runtime,
+    keys: &[String],
+    mode: Mode,
+) -> Vec<(String, Option<Duration>)> {
     let mut left = Vec::new();
     for key in keys {
-        if try_once(rt, key, Duration::ZERO).await {
+        if try_all(rt, key, mode, Duration::ZERO).await {
             continue;
         }
         let since = Instant::now();
-        let freed = try_once(rt, key, Duration::from_secs(30))
+        let freed = try_all(rt, key, mode, Duration::from_secs(30))
             .await
             .then(|| since.elapsed());
         left.push((key.clone(), freed));
@@ -194,24 +199,48 @@ pub(crate) async fn keys_left(rt: &Runtime, keys: &[String]) -> Vec<(String, Opt
     left
 }
 
-/// One acquisition (retrying engine errors for up to 10 s: the engine may have just restarted),
-/// released at once. Whether it was acquired.
-async fn try_once(rt: &Runtime, key: &str, wait: Duration) -> bool {
+/// The exclusive lock, or every permit of a semaphore, taken together then released: whether
+/// they all were.
+async fn try_all(rt: &Runtime, key: &str, mode: Mode, wait: Duration) -> bool {
+    let mut held = Vec::new();
+    let mut all = true;
+    let n = match mode {
+        Mode::Semaphore(n) => n,
+        Mode::Exclusive | Mode::Rw => 1,
+    };
+    for _ in 0..n {
+        match try_once(rt, key, mode, wait).await {
+            Some(guard) => held.push(guard),
+            None => {
+                all = false;
+                break;
+            }
+        }
+    }
+    for guard in held {
+        if let Err(e) = guard.release().await {
+            eprintln!("release {key} after the final check: {e}");
+        }
+    }
+    all
+}
+
+/// One acquisition (retrying engine errors for up to 10 s: the engine may have just
+/// restarted).
+async fn try_once(rt: &Runtime, key: &str, mode: Mode, wait: Duration) -> Option<LockGuard> {
     let start = Instant::now();
     loop {
-        match rt
-            .lock(key)
+        let lock = match mode {
+            Mode::Semaphore(n) => rt.semaphore(key, n),
+            Mode::Exclusive | Mode::Rw => rt.lock(key),
+        };
+        match lock
             .lease(Duration::from_secs(5))
             .wait(wait)
             .acquire()
             .await
         {
-            Ok(guard) => {
-                if let Err(e) = guard.release().await {
-                    eprintln!("release {key} after the final check: {e}");
-                }
-                return true;
-            }
+            Ok(guard) => return Some(guard),
             Err(e) if e.is_backend() && start.elapsed() < Duration::from_secs(10) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -219,7 +248,7 @@ async fn try_once(rt: &Runtime, key: &str, wait: Duration) -> bool {
                 if !e.is_timeout() {
                     eprintln!("final check of {key}: {e}");
                 }
-                return false;
+                return None;
             }
         }
     }

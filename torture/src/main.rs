@@ -92,7 +92,8 @@ async fn run(options: Options) -> ExitCode {
     });
     let faults: Vec<&str> = options.faults.iter().map(|f| f.name()).collect();
     println!(
-        "torture: {} worker processes x {} tasks on {} keys, {} s{} per engine, faults {}, seed {seed}",
+        "torture: {}: {} worker processes x {} tasks on {} keys, {} s{} per engine, faults {}, seed {seed}",
+        options.mode,
         options.procs,
         options.tasks,
         options.keys,
@@ -169,6 +170,7 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
             lease: profile.lease,
             wait: profile.wait,
             locked: !options.no_lock,
+            mode: options.mode,
         };
         let mut pool = Pool::start(template, options.procs)?;
         let faults = (profile, keys.as_slice());
@@ -195,7 +197,7 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
         tokio::time::sleep(free_at.saturating_duration_since(Instant::now())).await;
     }
     let rt = lock_engine.runtime().await?;
-    let keys_left = keys_left(&rt, &keys).await;
+    let keys_left = keys_left(&rt, &keys, options.mode).await;
 
     let store = &end.store;
     let records = store.records().await?;
@@ -203,9 +205,10 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
     for key in &keys {
         finals.push((key.clone(), store.counter(key).await?));
     }
-    let findings = check::check(&records, &finals);
+    let findings = check::check(&records, &finals, options.mode);
     Ok(Row {
         engine,
+        mode: options.mode,
         faults: options.faults.clone(),
         injected,
         tally,
@@ -238,6 +241,7 @@ async fn run_in_process(
                 lease: profile.lease,
                 wait: profile.wait,
                 locked: !options.no_lock,
+                mode: options.mode,
             };
             let worker = Arc::new(Worker::new(&args, rt.clone(), store.clone()));
             tokio::spawn(worker.run(options.tasks, stop.clone()))

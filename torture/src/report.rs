@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::check::Findings;
-use crate::cli::{Engine, Fault};
+use crate::cli::{Engine, Fault, Mode};
 use crate::faults::Injected;
 use crate::pool::Failure;
 use crate::worker::Tally;
@@ -13,6 +13,8 @@ use crate::worker::Tally;
 #[derive(Debug)]
 pub(crate) struct Row {
     pub(crate) engine: Engine,
+    /// What the sections held (one mode per run).
+    pub(crate) mode: Mode,
     pub(crate) faults: Vec<Fault>,
     /// `None` where process faults do not apply (memory).
     pub(crate) injected: Option<Injected>,
@@ -23,6 +25,9 @@ pub(crate) struct Row {
     pub(crate) failures: Vec<Failure>,
     pub(crate) took: Duration,
 }
+
+/// Below this many sections (of readers, in `--mode rw`) a run proves nothing about sharing.
+const SHARING_SHOWN_AFTER: u64 = 50;
 
 /// Violations, and results the documentation predicts for this engine and these faults.
 #[derive(Debug, Default)]
@@ -77,22 +82,26 @@ impl Row {
                 f.duplicate_fences
             ));
         }
-        let harmful = f.unprotected > 0 || f.lost_updates > 0;
-        let redlock_expected = self.engine == Engine::Redlock && self.overlaps_expected();
-        if harmful && !redlock_expected {
-            violation(format!(
-                "{} unprotected overlapping holders, {} lost updates",
-                f.unprotected, f.lost_updates
-            ));
+        match self.mode {
+            Mode::Exclusive => {}
+            Mode::Semaphore(n) => {
+                self.semaphore_verdict(n, &mut v);
+                return v;
+            }
+            Mode::Rw => {
+                self.rw_verdict(&mut v);
+                return v;
+            }
         }
+        self.history_verdict(&mut v);
         if f.overlaps > 0 && !self.overlaps_expected() {
-            violation(format!(
+            v.violations.push(format!(
                 "{} overlapping holders without a fault that outlives a lease",
                 f.overlaps
             ));
         }
         if f.overlaps > 0 && self.overlaps_expected() {
-            if redlock_expected {
+            if self.engine == Engine::Redlock {
                 v.expected.push(format!(
                     "Redlock has no fences: {} overlapping holders ({} unprotected) and {} lost updates, \
                      as documented for paused holders and restarted nodes",
@@ -108,6 +117,68 @@ impl Row {
         v
     }
 
+    /// The semaphore's bound: nobody over the permits but where a fault outlives a lease (a
+    /// permit has no fence to protect the store), and the permits shared.
+    fn semaphore_verdict(&self, permits: u32, v: &mut Verdict) {
+        let f = &self.findings;
+        if f.over_permits > 0 && !self.overlaps_expected() {
+            v.violations.push(format!(
+                "{} sections started while {permits} others held the key's permits",
+                f.over_permits
+            ));
+        } else if f.over_permits > 0 {
+            v.expected.push(format!(
+                "{} sections started while {permits} others held the key's permits: a holder \
+                 paused past its lease (or forgotten by a restarted engine) still finished a step",
+                f.over_permits
+            ));
+        }
+        if permits > 1 && f.sections >= SHARING_SHOWN_AFTER && f.peak_holders < 2 {
+            v.violations.push(format!(
+                "the {permits} permits were never held by two sections at once"
+            ));
+        }
+    }
+
+    /// The read-write lock: the writers' history as in the exclusive mode, no writer
+    /// overlapping anyone but where a fault outlives a lease, and readers sharing.
+    fn rw_verdict(&self, v: &mut Verdict) {
+        let f = &self.findings;
+        self.history_verdict(v);
+        if f.writer_overlaps > 0 && !self.overlaps_expected() {
+            v.violations.push(format!(
+                "{} sections overlapped with a writer without a fault that outlives a lease",
+                f.writer_overlaps
+            ));
+        } else if f.writer_overlaps > 0 {
+            v.expected.push(format!(
+                "{} sections overlapped with a writer (a holder paused past its lease, or \
+                 forgotten by a restarted engine); the writes' history is whole: no update lost",
+                f.writer_overlaps
+            ));
+        }
+        if f.reads >= SHARING_SHOWN_AFTER && f.reader_overlaps == 0 {
+            v.violations.push(format!(
+                "no two of {} readers ever held the key together",
+                f.reads
+            ));
+        }
+    }
+
+    /// The writes' history (exclusive and rw modes): no update lost but Redlock's documented
+    /// ones.
+    fn history_verdict(&self, v: &mut Verdict) {
+        let f = &self.findings;
+        let harmful = f.unprotected > 0 || f.lost_updates > 0;
+        let redlock_expected = self.engine == Engine::Redlock && self.overlaps_expected();
+        if harmful && !redlock_expected {
+            v.violations.push(format!(
+                "{} unprotected overlapping holders, {} lost updates",
+                f.unprotected, f.lost_updates
+            ));
+        }
+    }
+
     fn faults_cell(&self) -> String {
         match self.injected {
             None => "n/a".into(),
@@ -116,14 +187,25 @@ impl Row {
     }
 }
 
-/// The Markdown table, then per engine its notes: violations, expected results, what the
-/// runtime reported to the workers.
+/// The Markdown table (its columns those of the run's mode), then per engine its notes:
+/// violations, expected results, what the runtime reported to the workers.
 pub(crate) fn render(rows: &[Row]) -> String {
     let mut out = String::new();
-    out.push_str(
-        "| engine | kill/pause/restart | sections | writes accepted | overlapping holders | fenced | in order | unprotected | stale fences accepted | lost updates | keys left | result |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    let mode = rows.first().map_or(Mode::Exclusive, |row| row.mode);
+    out.push_str(match mode {
+        Mode::Exclusive => {
+            "| engine | kill/pause/restart | sections | writes accepted | overlapping holders | fenced | in order | unprotected | stale fences accepted | lost updates | keys left | result |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        }
+        Mode::Semaphore(_) => {
+            "| engine | permits | kill/pause/restart | sections | most holders at once | over the permits | duplicate fences | keys left | result |\n\
+             |---|---|---|---|---|---|---|---|---|\n"
+        }
+        Mode::Rw => {
+            "| engine | kill/pause/restart | sections | reads | writes accepted | readers overlapping | writer overlaps | unprotected | stale fences accepted | lost updates | keys left | result |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        }
+    });
     for row in rows {
         let f = &row.findings;
         let verdict = row.verdict();
@@ -133,24 +215,54 @@ pub(crate) fn render(rows: &[Row]) -> String {
             "ok"
         } else if row.engine == Engine::Redlock {
             "ok (expected, no fences)"
-        } else {
+        } else if row.mode == Mode::Exclusive {
             "ok (fenced)"
+        } else {
+            "ok (expected under pauses)"
         };
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {result} |",
-            row.engine,
-            row.faults_cell(),
-            f.sections,
-            f.accepted,
-            f.overlaps,
-            f.fenced,
-            f.in_order,
-            f.unprotected,
-            f.stale_accepted,
-            f.lost_updates,
-            row.keys_left.len(),
-        );
+        let _ = match row.mode {
+            Mode::Exclusive => writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {result} |",
+                row.engine,
+                row.faults_cell(),
+                f.sections,
+                f.accepted,
+                f.overlaps,
+                f.fenced,
+                f.in_order,
+                f.unprotected,
+                f.stale_accepted,
+                f.lost_updates,
+                row.keys_left.len(),
+            ),
+            Mode::Semaphore(n) => writeln!(
+                out,
+                "| {} | {n} | {} | {} | {} | {} | {} | {} | {result} |",
+                row.engine,
+                row.faults_cell(),
+                f.sections,
+                f.peak_holders,
+                f.over_permits,
+                f.duplicate_fences,
+                row.keys_left.len(),
+            ),
+            Mode::Rw => writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {result} |",
+                row.engine,
+                row.faults_cell(),
+                f.sections,
+                f.reads,
+                f.accepted,
+                f.reader_overlaps,
+                f.writer_overlaps,
+                f.unprotected,
+                f.stale_accepted,
+                f.lost_updates,
+                row.keys_left.len(),
+            ),
+        };
     }
     out.push('\n');
     for row in rows {
@@ -193,6 +305,7 @@ mod tests {
     fn row(engine: Engine, faults: &[Fault], findings: Findings) -> Row {
         Row {
             engine,
+            mode: Mode::Exclusive,
             faults: faults.to_vec(),
             injected: Some(Injected::default()),
             tally: Tally::default(),
@@ -263,5 +376,59 @@ mod tests {
         assert!(r.verdict().violations.is_empty());
         let table = render(&[r]);
         assert!(table.contains("| redlock | 0/0/0 | 0 |"), "{table}");
+    }
+
+    #[test]
+    fn holders_over_the_permits_fail_a_run_without_pauses() {
+        let over = Findings {
+            sections: 100,
+            peak_holders: 3,
+            over_permits: 2,
+            ..Findings::default()
+        };
+        let mut r = row(Engine::Redis, &[Fault::Kill], over.clone());
+        r.mode = Mode::Semaphore(2);
+        assert_eq!(r.verdict().violations.len(), 1, "{:?}", r.verdict());
+        assert!(render(&[r]).contains("| redis | 2 | 0/0/0 | 100 | 3 | 2 | 0 | 0 | **FAIL** |"));
+        let mut r = row(Engine::Redis, &[Fault::Pause], over);
+        r.mode = Mode::Semaphore(2);
+        assert!(r.verdict().violations.is_empty(), "{:?}", r.verdict());
+        let mut r = row(
+            Engine::Etcd,
+            &[],
+            Findings {
+                sections: 100,
+                peak_holders: 1,
+                ..Findings::default()
+            },
+        );
+        r.mode = Mode::Semaphore(2);
+        assert_eq!(
+            r.verdict().violations.len(),
+            1,
+            "never shared: {:?}",
+            r.verdict()
+        );
+    }
+
+    #[test]
+    fn rw_fails_on_a_writer_overlap_without_pauses_and_on_readers_never_sharing() {
+        let mut r = row(
+            Engine::Redis,
+            &[Fault::Kill],
+            Findings {
+                sections: 100,
+                reads: 80,
+                reader_overlaps: 10,
+                writer_overlaps: 1,
+                ..Findings::default()
+            },
+        );
+        r.mode = Mode::Rw;
+        assert_eq!(r.verdict().violations.len(), 1, "{:?}", r.verdict());
+        r.findings.writer_overlaps = 0;
+        assert!(r.verdict().violations.is_empty(), "{:?}", r.verdict());
+        r.findings.reader_overlaps = 0;
+        assert_eq!(r.verdict().violations.len(), 1, "{:?}", r.verdict());
     }
 }

@@ -74,6 +74,10 @@ pub(crate) enum Outcome {
     Cancelled,
     /// A store call failed (e.g. timed out while the worker was stopped).
     Failed,
+    /// `--mode semaphore`: the permit was held for the whole section.
+    Held,
+    /// `--mode rw`: a reader read the counter and held the read lock for the whole section.
+    Read,
 }
 
 impl Outcome {
@@ -84,6 +88,8 @@ impl Outcome {
             Outcome::ClaimRejected => "claim-rejected",
             Outcome::Cancelled => "cancelled",
             Outcome::Failed => "failed",
+            Outcome::Held => "held",
+            Outcome::Read => "read",
         }
     }
 
@@ -94,6 +100,8 @@ impl Outcome {
             Outcome::ClaimRejected,
             Outcome::Cancelled,
             Outcome::Failed,
+            Outcome::Held,
+            Outcome::Read,
         ]
         .into_iter()
         .find(|o| o.name() == s)

@@ -4,6 +4,11 @@
 //! The critical section: take the fence (`current_fence()`), claim it in the store, read the
 //! counter, log the intent, write counter + 1 with the fence, log the outcome. Redlock gives no
 //! fence: there the section writes without a claim (fence 0, always accepted).
+//!
+//! In `--mode semaphore` a task takes one permit of the key's semaphore and holds it for a
+//! moment (0–4 ms), logging its end (`held`); in `--mode rw` a task is a reader (read lock; it
+//! reads the counter, holds a moment, logs `read`; its section id ends in `r`) or, one time in
+//! five, a writer running the exclusive section above under the write lock.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -12,7 +17,7 @@ use std::time::Duration;
 use dlock_runtime::{LockError, Runtime, current_fence, with_lock};
 use tokio::sync::Notify;
 
-use crate::cli::WorkerArgs;
+use crate::cli::{Mode, WorkerArgs};
 use crate::rng::Rng;
 use crate::store::{End, Intent, Outcome, Record, Store, Written, key_name, now_ns};
 
@@ -103,6 +108,7 @@ pub(crate) struct Worker {
     wait: Duration,
     /// Whether sections take the lock (`false` only to check the checker).
     locked: bool,
+    mode: Mode,
     next_section: AtomicU64,
     /// End records still being appended from `Drop` (cancelled bodies).
     pending: Arc<Pending>,
@@ -118,6 +124,7 @@ impl Worker {
             lease: args.lease,
             wait: args.wait,
             locked: args.locked,
+            mode: args.mode,
             next_section: AtomicU64::new(1),
             pending: Arc::default(),
         }
@@ -151,16 +158,27 @@ impl Worker {
         let mut rng = Rng::new(u64::from(self.id) << 16 | task as u64);
         while !stop.is_set() {
             let key = key_name(rng.below(self.keys));
-            let id = format!(
+            let mut id = format!(
                 "w{}.{}",
                 self.id,
                 self.next_section.fetch_add(1, Ordering::Relaxed)
             );
-            let lock = self.rt.lock(key.clone()).lease(self.lease).wait(self.wait);
+            let hold_for = Duration::from_millis(rng.below(5) as u64);
+            let (lock, section) = match self.mode {
+                Mode::Exclusive => (self.rt.lock(key.clone()), Section::Write),
+                Mode::Semaphore(n) => (self.rt.semaphore(key.clone(), n), Section::Hold),
+                Mode::Rw if rng.below(100) < Mode::READ_PERCENT => {
+                    id.push(READER);
+                    (self.rt.lock(key.clone()).read(), Section::Read)
+                }
+                Mode::Rw => (self.rt.lock(key.clone()), Section::Write),
+            };
+            let lock = lock.lease(self.lease).wait(self.wait);
+            let body = self.section(&key, id, section, hold_for);
             let outcome = if self.locked {
-                with_lock(lock, self.section(&key, id)).await
+                with_lock(lock, body).await
             } else {
-                Ok(self.section(&key, id).await)
+                Ok(body.await)
             };
             match outcome {
                 Ok(Ok(())) => tally.completed += 1,
@@ -184,7 +202,13 @@ impl Worker {
     }
 
     /// The critical section, run while holding `key`.
-    async fn section(&self, key: &str, id: String) -> Result<(), String> {
+    async fn section(
+        &self,
+        key: &str,
+        id: String,
+        section: Section,
+        hold_for: Duration,
+    ) -> Result<(), String> {
         let start = now_ns();
         let fence = current_fence();
         let mut end = EndOnDrop::new(
@@ -198,7 +222,21 @@ impl Worker {
                 outcome: Outcome::Cancelled,
             },
         );
-        match self.claim_read_write(key, id, fence, start).await {
+        let done = match section {
+            Section::Write => self.claim_read_write(key, id, fence, start).await,
+            Section::Hold => {
+                tokio::time::sleep(hold_for).await;
+                Ok(Outcome::Held)
+            }
+            Section::Read => match self.store.counter(key).await {
+                Ok(_) => {
+                    tokio::time::sleep(hold_for).await;
+                    Ok(Outcome::Read)
+                }
+                Err(e) => Err(e),
+            },
+        };
+        match done {
             Ok(outcome) => end.finish(outcome).await,
             Err(e) => {
                 end.fail();
@@ -247,6 +285,21 @@ impl Worker {
             Outcome::Rejected
         })
     }
+}
+
+/// The suffix of a reader's section id (`--mode rw`): the checker tells readers by it, even
+/// when a cancelled reader's end record says only `cancelled`.
+pub(crate) const READER: char = 'r';
+
+/// What a section does while it holds its key.
+#[derive(Clone, Copy, Debug)]
+enum Section {
+    /// The fenced read-modify-write (the exclusive lock, a writer).
+    Write,
+    /// Holds a permit for a moment.
+    Hold,
+    /// Reads the counter and holds the read lock for a moment.
+    Read,
 }
 
 /// The end record of a section: appended by [`finish`](EndOnDrop::finish), or from `Drop` if the

@@ -7,6 +7,7 @@ pub(crate) mod distinct_keys;
 pub(crate) mod fan_out;
 pub(crate) mod hot_key;
 pub(crate) mod peer;
+pub(crate) mod primitives;
 pub(crate) mod sequential;
 
 use dlock_runtime::Runtime;

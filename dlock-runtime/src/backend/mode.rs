@@ -64,6 +64,26 @@ impl Mode {
     }
 }
 
+/// How many contenders at the front of a queue (etcd, ZooKeeper: in order, by their modes)
+/// hold the key now: the first if it is exclusive; the readers before the first writer; the
+/// permits among the first N of a semaphore of N.
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "zookeeper")),
+    allow(dead_code, reason = "read by the engines with a queue")
+)]
+pub(crate) fn holding_now(queue: &[Mode]) -> usize {
+    match queue.first() {
+        None => 0,
+        Some(Mode::Exclusive) => 1,
+        Some(Mode::Read) => queue.iter().take_while(|m| **m == Mode::Read).count(),
+        Some(Mode::Permits(n)) => queue
+            .iter()
+            .take(*n as usize)
+            .take_while(|m| matches!(m, Mode::Permits(_)))
+            .count(),
+    }
+}
+
 /// `InvalidConfig` for a semaphore asked with `asked` permits while its holders use `held`.
 pub(crate) fn permits_mismatch(key: &str, asked: u32, held: u32) -> crate::LockError {
     crate::LockError::config(format!(
@@ -77,6 +97,16 @@ mod tests {
     use super::*;
 
     const BASE: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn the_front_of_a_queue_holds_by_its_modes() {
+        use Mode::{Exclusive, Permits, Read};
+        assert_eq!(holding_now(&[]), 0);
+        assert_eq!(holding_now(&[Exclusive, Read, Read]), 1);
+        assert_eq!(holding_now(&[Read, Read, Exclusive, Read]), 2);
+        assert_eq!(holding_now(&[Permits(2), Permits(2), Permits(2)]), 2);
+        assert_eq!(holding_now(&[Permits(3), Permits(3)]), 2);
+    }
 
     #[test]
     fn the_mode_round_trips_through_the_owner_token() {

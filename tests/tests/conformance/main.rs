@@ -121,7 +121,9 @@ shared_conformance!(
     a_semaphore_never_exceeds_its_permits,
     a_semaphore_of_another_size_is_invalid_config,
     read_and_write_reentrancy_rules,
-    a_readers_release_hands_nothing_to_a_waiting_writer;
+    a_readers_release_hands_nothing_to_a_waiting_writer,
+    shared_holds_are_inspected_with_their_mode_and_holders,
+    force_unlock_removes_readers_and_permits_and_wakes_waiters;
     engines with servers:
     a_killed_permit_holder_frees_its_permit;
     redlock:

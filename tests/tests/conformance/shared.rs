@@ -427,3 +427,177 @@ pub(crate) async fn a_readers_release_hands_nothing_to_a_waiting_writer(engine: 
         .unwrap_or_else(|e| panic!("{engine:?}: writer: {e}"));
     guard.release().await.expect("release the writer");
 }
+
+/// `inspect` and `list` show a read lock as mode `"read"` and a semaphore as `"semaphore"`,
+/// with `holds` counting every live holder, one of them as the redacted owner, a TTL within
+/// the lease, and (where the engine shows one) the fence of one of the holders; the listing
+/// has each key once, beside an exclusive lock; released, they are gone.
+pub(crate) async fn shared_holds_are_inspected_with_their_mode_and_holders(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let rts = fixture.runtimes(3).await;
+    let (read_key, sem_key, plain_key) = (
+        "conformance:shared:inspect:doc",
+        "conformance:shared:inspect:quota",
+        "conformance:shared:inspect:plain",
+    );
+    let mut readers = Vec::new();
+    let mut permits = Vec::new();
+    for rt in &rts[..2] {
+        readers.push(
+            rt.lock(read_key)
+                .read()
+                .lease(LONG_LEASE)
+                .held(&format!("{engine:?}: a reader"))
+                .await,
+        );
+        permits.push(
+            rt.semaphore(sem_key, 3)
+                .lease(LONG_LEASE)
+                .held(&format!("{engine:?}: a permit"))
+                .await,
+        );
+    }
+    let plain = rts[0].lock(plain_key).lease(LONG_LEASE).held("plain").await;
+    let observer = &rts[2];
+    for (key, mode, guards) in [
+        (read_key, "read", &readers),
+        (sem_key, "semaphore", &permits),
+    ] {
+        let info = observer
+            .inspect(key)
+            .await
+            .expect("inspect")
+            .unwrap_or_else(|| panic!("{engine:?}: {key} is held by two"));
+        assert_eq!(info.key, key);
+        assert_eq!(info.mode, mode, "{engine:?}: {info:?}");
+        assert_eq!(info.holds, 2, "{engine:?}: two holders of {key}: {info:?}");
+        assert!(
+            info.owner.ends_with('…') && info.owner.chars().count() == 9,
+            "{engine:?}: a redacted owner: {info:?}"
+        );
+        assert!(
+            info.ttl > Duration::ZERO && info.ttl <= LONG_LEASE,
+            "{engine:?}: {info:?}"
+        );
+        if let Some(fence) = info.fence {
+            let fences: Vec<Option<u64>> = guards.iter().map(|g| g.fence()).collect();
+            assert!(
+                fences.contains(&Some(fence)),
+                "{engine:?}: the fence of a holder ({fences:?}): {info:?}"
+            );
+        }
+    }
+    let listing = observer
+        .list("conformance:shared:inspect:")
+        .await
+        .expect("list");
+    let shown: Vec<(&str, &str, u32)> = listing
+        .iter()
+        .map(|i| (i.key.as_str(), i.mode.as_str(), i.holds))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (read_key, "read", 2),
+            (plain_key, "exclusive", 1),
+            (sem_key, "semaphore", 2)
+        ],
+        "{engine:?}: each key once, sorted"
+    );
+    for guard in readers.into_iter().chain(permits).chain([plain]) {
+        guard.release().await.expect("release");
+    }
+    for key in [read_key, sem_key, plain_key] {
+        assert_eq!(
+            observer.inspect(key).await.expect("inspect"),
+            None,
+            "{engine:?}: {key} released"
+        );
+    }
+    assert!(
+        observer
+            .list("conformance:shared:inspect:")
+            .await
+            .expect("list")
+            .is_empty(),
+        "{engine:?}: nothing held"
+    );
+}
+
+/// `force_unlock` removes every reader and every permit holder of a key (not only one), so a
+/// writer and a permit waiter of another runtime get the key long before the holders' leases
+/// end; it answers `false` for a free key.
+pub(crate) async fn force_unlock_removes_readers_and_permits_and_wakes_waiters(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let rts = fixture.runtimes(3).await;
+    let (read_key, sem_key) = (
+        "conformance:shared:force:doc",
+        "conformance:shared:force:quota",
+    );
+    // Within this bound a waiter holds only because the forced unlock freed the key: the
+    // holders' leases (30 s) are far longer.
+    let bound = Duration::from_secs(10);
+    for (key, semaphore) in [(read_key, false), (sem_key, true)] {
+        let take = |rt: &dlock_runtime::Runtime| {
+            let lock = if semaphore {
+                rt.semaphore(key, 2)
+            } else {
+                rt.lock(key).read()
+            };
+            lock.lease(LONG_LEASE)
+        };
+        let mut holders = Vec::new();
+        for rt in &rts[..2] {
+            holders.push(
+                take(rt)
+                    .held(&format!("{engine:?}: a holder of {key}"))
+                    .await,
+            );
+        }
+        let waiter_rt = rts[2].clone();
+        let waiter = tokio::spawn(async move {
+            let lock = if semaphore {
+                waiter_rt.semaphore(key, 2)
+            } else {
+                waiter_rt.lock(key)
+            };
+            let guard = lock.lease(LONG_LEASE).wait(WAIT).acquire().await;
+            (guard, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !waiter.is_finished(),
+            "{engine:?}: {key} is full, the waiter waits"
+        );
+        let forced = Instant::now();
+        assert!(
+            rts[2].force_unlock(key).await.expect("force unlock"),
+            "{engine:?}: {key} had holders"
+        );
+        let (guard, at) = waiter.await.expect("waiter");
+        let guard = guard.unwrap_or_else(|e| panic!("{engine:?}: the waiter of {key}: {e}"));
+        let took = at.duration_since(forced);
+        assert!(
+            took < bound,
+            "{engine:?}: {key}'s waiter held {took:?} after the forced unlock"
+        );
+        if !semaphore {
+            // A writer holds: not one of the readers was left behind.
+            let info = rts[2].inspect(key).await.expect("inspect").expect("held");
+            assert_eq!(
+                (info.mode.as_str(), info.holds),
+                ("exclusive", 1),
+                "{engine:?}"
+            );
+        }
+        guard.release().await.expect("release");
+        for holder in holders {
+            // Their holds are gone: a release finds nothing of theirs (or reports the loss).
+            let _ = holder.release().await;
+        }
+        assert!(
+            !rts[2].force_unlock(key).await.expect("force unlock"),
+            "{engine:?}: {key} is free"
+        );
+    }
+}

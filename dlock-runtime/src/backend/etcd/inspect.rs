@@ -1,7 +1,10 @@
 //! etcd's locks as an operator sees them: one range read over the queues
 //! (`<prefix><key>/<owner token>`), the holder of each key its lowest create revision (which
 //! is also its fencing token), its TTL what `LeaseTimeToLive` says of its lease (whole
-//! seconds; one call per lease, and renewed locks of one runtime share one).
+//! seconds; one call per lease, and renewed locks of one runtime share one). A read lock or a
+//! semaphore (the mode from the owner token's tag) shows the earliest of its holders (the
+//! readers before the first writer, the permits among the first N), `holds` counting them all
+//! and the TTL the longest of their leases.
 //!
 //! Keys that are not a queue entry (an owner tombstone `<prefix>/<owner>`, a key without a
 //! lease, a name whose last segment is not an owner token) are skipped; so is a queue entry of
@@ -13,10 +16,11 @@ use std::time::Duration;
 use etcd_client::{GetOptions, KeyValue};
 
 use super::EtcdBackend;
+use crate::backend::mode::{Mode, holding_now};
 use crate::inspect::is_owner_token;
 use crate::{LockError, LockInfo};
 
-/// A queue's head: the contender with the lowest create revision.
+/// A contender in a queue.
 struct Head {
     owner: String,
     revision: i64,
@@ -43,7 +47,7 @@ impl EtcdBackend {
                 async move { c.get(range, Some(GetOptions::new().with_prefix())).await }
             })
             .await?;
-        let mut heads: BTreeMap<String, Head> = BTreeMap::new();
+        let mut queues: BTreeMap<String, Vec<Head>> = BTreeMap::new();
         for kv in found.kvs() {
             let Some((user_key, owner)) = self.entry_of(kv) else {
                 continue;
@@ -51,38 +55,44 @@ impl EtcdBackend {
             if exact && user_key != start {
                 continue;
             }
-            let head = Head {
+            queues.entry(user_key.to_owned()).or_default().push(Head {
                 owner: owner.to_owned(),
                 revision: kv.create_revision(),
                 lease: kv.lease(),
-            };
-            match heads.get(user_key) {
-                Some(first) if first.revision <= head.revision => {}
-                _ => {
-                    heads.insert(user_key.to_owned(), head);
-                }
-            }
+            });
         }
         let mut ttls: HashMap<i64, Option<Duration>> = HashMap::new();
-        let mut out = Vec::with_capacity(heads.len());
-        for (user_key, head) in heads {
-            let ttl = match ttls.get(&head.lease) {
-                Some(ttl) => *ttl,
-                None => {
-                    let ttl = self.lease_left(&user_key, head.lease).await?;
-                    ttls.insert(head.lease, ttl);
-                    ttl
-                }
+        let mut out = Vec::with_capacity(queues.len());
+        for (user_key, mut queue) in queues {
+            queue.sort_by_key(|c| c.revision);
+            let modes: Vec<Mode> = queue.iter().map(|c| Mode::of(&c.owner)).collect();
+            let holding = &queue[..holding_now(&modes)];
+            let Some(head) = holding.first() else {
+                continue;
             };
-            // A lease already gone: the server is removing its keys.
+            let mut ttl = None;
+            for holder in holding {
+                let left = match ttls.get(&holder.lease) {
+                    Some(left) => *left,
+                    None => {
+                        let left = self.lease_left(&user_key, holder.lease).await?;
+                        ttls.insert(holder.lease, left);
+                        left
+                    }
+                };
+                ttl = ttl.max(left);
+            }
+            // Leases already gone: the server is removing their keys.
             let Some(ttl) = ttl else { continue };
-            out.push(LockInfo::held(
+            let mut info = LockInfo::held(
                 user_key,
                 &head.owner,
                 ttl,
-                1,
+                u32::try_from(holding.len()).unwrap_or(u32::MAX),
                 u64::try_from(head.revision).ok(),
-            ));
+            );
+            info.mode = Mode::of(&head.owner).name().to_owned();
+            out.push(info);
         }
         Ok(out)
     }

@@ -43,6 +43,7 @@ use tokio::time::Instant;
 
 use self::lease::{SharedLease, SharedLeases};
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
+use crate::backend::mode::{Mode, holding_now};
 use crate::{LockError, LockInfo};
 
 /// One contender: its lease and its key.
@@ -479,23 +480,32 @@ impl Backend for EtcdBackend {
     }
 
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
-        // Only the holder (the lowest create revision) is removed; waiters keep their places.
+        // Only the holders are removed (the first contender, or every reader or permit holding
+        // now: see `mode::holding_now`); waiters keep their places.
         let options = GetOptions::new()
             .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let first = self.read_queue(key, "force unlock failed", options).await?;
-        let Some(holder) = first.kvs().first() else {
-            return Ok(false);
-        };
-        let holder_key = holder.key().to_vec();
-        let deleted = self
-            .bounded(Some(key), "force unlock failed", |mut c| {
-                let holder_key = holder_key.clone();
-                async move { c.delete(holder_key, None).await }
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let queue = self.read_queue(key, "force unlock failed", options).await?;
+        let modes: Vec<Mode> = queue
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let name = kv.key_str().unwrap_or_default();
+                Mode::of(name.rsplit_once('/').map_or(name, |(_, owner)| owner))
             })
-            .await?;
-        Ok(deleted.deleted() > 0)
+            .collect();
+        let mut removed = false;
+        for holder in queue.kvs().iter().take(holding_now(&modes)) {
+            let holder_key = holder.key().to_vec();
+            let deleted = self
+                .bounded(Some(key), "force unlock failed", |mut c| {
+                    let holder_key = holder_key.clone();
+                    async move { c.delete(holder_key, None).await }
+                })
+                .await?;
+            removed |= deleted.deleted() > 0;
+        }
+        Ok(removed)
     }
 
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {

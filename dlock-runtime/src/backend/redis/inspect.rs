@@ -1,8 +1,12 @@
-//! Locks as an operator sees them (`inspect`, `list`): the lock strings under the prefix,
-//! found with `SCAN … MATCH` (never `KEYS`; on Cluster on every master), read with
-//! `lua/inspect.lua` (value and `PTTL` at one instant).
+//! Locks as an operator sees them (`inspect`, `list`): the lock strings and semaphores'
+//! permits under the prefix, found with `SCAN … MATCH` (never `KEYS`; on Cluster on every
+//! master), read with `lua/inspect.lua` (value, `PTTL`, live readers and permit holders at one
+//! instant).
 //!
-//! A holder is a value that is an owner token, `+` appended or not (see `names.rs`). A
+//! A holder is a value that is an owner token, `+` appended or not (see `names.rs`). A read
+//! lock (the readers' mark in the lock string, live readers in `:readers`) or a semaphore (live
+//! holders in `:permits`) shows the holder whose lease ends last as `owner`, its lease left as
+//! `ttl` (the key is taken until then), and `holds` counting every live holder. A
 //! reservation after a flagged release (`~<runtime id>`) is nobody's hold, and a key of
 //! another type or with a value the runtime did not write is skipped, not an error. No fence is
 //! shown: the counter holds the last token of the latest reserved block, spent also by
@@ -18,6 +22,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use super::RedisBackend;
 use super::hash_slot;
 use super::link::Link;
+use crate::backend::mode::Mode;
 use crate::inspect::is_owner_token;
 use crate::{LockError, LockInfo};
 
@@ -33,13 +38,51 @@ pub(crate) struct Holding {
     pub(crate) key: String,
     pub(crate) owner: String,
     pub(crate) ttl: Duration,
+    /// Exclusive, or a read lock's or a semaphore's (`owner` one of its holders).
+    pub(crate) mode: Mode,
+    /// 1, or the live readers or permit holders.
+    pub(crate) holds: u32,
 }
 
 impl Holding {
-    /// As an operator sees it: the owner redacted, one hold, no fence (see the module docs).
+    /// As an operator sees it: the owner redacted, no fence (see the module docs).
     pub(crate) fn info(&self) -> LockInfo {
-        LockInfo::held(self.key.clone(), &self.owner, self.ttl, 1, None)
+        let mut info = LockInfo::held(self.key.clone(), &self.owner, self.ttl, self.holds, None);
+        info.mode = self.mode.name().to_owned();
+        info
     }
+}
+
+/// One row of `lua/inspect.lua`: the lock's value and PTTL, then count, last owner and its ms
+/// left of the readers, and of the permits.
+type Row = (Vec<u8>, i64, i64, Vec<u8>, i64, i64, Vec<u8>, i64);
+
+/// The holders a row of `lua/inspect.lua` shows, if any: the shared holders (readers,
+/// permits) where there are live ones, else the lock string's holder.
+fn holder_of_row(key: &str, row: &Row) -> Option<Holding> {
+    let (value, pttl, readers, reader, reader_ms, permits, permit, permit_ms) = row;
+    let shared = [
+        (Mode::Read, *readers, reader, *reader_ms),
+        (Mode::Permits(0), *permits, permit, *permit_ms),
+    ];
+    for (mode, count, owner, ms) in shared {
+        let Some(owner) = std::str::from_utf8(owner)
+            .ok()
+            .filter(|o| is_owner_token(o))
+        else {
+            continue;
+        };
+        if count > 0 && ms > 0 {
+            return Some(Holding {
+                key: key.to_owned(),
+                owner: owner.to_owned(),
+                ttl: Duration::from_millis(u64::try_from(ms).ok()?),
+                mode,
+                holds: u32::try_from(count).unwrap_or(u32::MAX),
+            });
+        }
+    }
+    holder(key, std::str::from_utf8(value).ok()?, *pttl)
 }
 
 /// The holder a lock's `value` and `pttl` show, if any.
@@ -55,6 +98,8 @@ fn holder(key: &str, value: &str, pttl: i64) -> Option<Holding> {
         key: key.to_owned(),
         owner: owner.to_owned(),
         ttl,
+        mode: Mode::Exclusive,
+        holds: 1,
     })
 }
 
@@ -81,7 +126,11 @@ impl RedisBackend {
                 keys
             }
         };
-        let keys: Vec<String> = keys.into_iter().filter(|k| k.starts_with(prefix)).collect();
+        // A key with readers has both its lock string and `:readers`; one with permits only
+        // `:permits`: each key once.
+        let keys: std::collections::BTreeSet<String> =
+            keys.into_iter().filter(|k| k.starts_with(prefix)).collect();
+        let keys: Vec<String> = keys.into_iter().collect();
         let mut found = Vec::with_capacity(keys.len());
         match &self.link {
             Link::Single(_) => {
@@ -113,21 +162,20 @@ impl RedisBackend {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let (values, ttls): (Vec<Vec<u8>>, Vec<i64>) = self
+        let rows: Vec<Row> = self
             .run_script(&self.scripts.inspect, key, "inspection failed", |cmd| {
-                cmd.arg(keys.len());
+                cmd.arg(keys.len() * 3);
                 for k in keys {
-                    cmd.arg(self.names.lock(k));
+                    cmd.arg(self.names.lock(k))
+                        .arg(self.names.readers(k))
+                        .arg(self.names.permits(k));
                 }
             })
             .await?;
         Ok(keys
             .iter()
-            .zip(values.iter().zip(&ttls))
-            .filter_map(|(k, (value, &pttl))| {
-                let value = std::str::from_utf8(value).ok()?;
-                holder(k, value, pttl)
-            })
+            .zip(&rows)
+            .filter_map(|(k, row)| holder_of_row(k, row))
             .collect())
     }
 
@@ -142,9 +190,7 @@ impl RedisBackend {
                 .arg("MATCH")
                 .arg(pattern)
                 .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .arg("TYPE")
-                .arg("string");
+                .arg(SCAN_COUNT);
             let (next, names): (u64, Vec<Vec<u8>>) = match (&self.link, slot) {
                 (Link::Cluster(link), Some(slot)) => {
                     let mut conn = link.conn();
@@ -172,7 +218,11 @@ impl RedisBackend {
                 names
                     .iter()
                     .filter_map(|name| std::str::from_utf8(name).ok())
-                    .filter_map(|name| self.names.key_of_lock(name)),
+                    .filter_map(|name| {
+                        self.names
+                            .key_of_lock(name)
+                            .or_else(|| self.names.key_of_permits(name))
+                    }),
             );
             if next == 0 {
                 return Ok(keys);
@@ -261,5 +311,25 @@ mod tests {
         let info = held.info();
         assert_eq!(info.owner, "01234567…");
         assert_eq!((info.holds, info.fence), (1, None));
+    }
+
+    #[test]
+    fn live_readers_or_permits_are_the_holders_of_a_row() {
+        let reader = format!("{TOKEN}-r").into_bytes();
+        let row: Row = (b"=0".to_vec(), 900, 3, reader, 900, 0, Vec::new(), 0);
+        let held = holder_of_row("k", &row).expect("readers");
+        assert_eq!((held.mode, held.holds), (Mode::Read, 3));
+        assert_eq!(held.ttl, Duration::from_millis(900));
+        assert_eq!(held.info().mode, "read");
+        let permit = format!("{TOKEN}-s2").into_bytes();
+        let row: Row = (Vec::new(), -2, 0, Vec::new(), 0, 2, permit, 400);
+        let held = holder_of_row("k", &row).expect("permits");
+        assert_eq!((held.info().mode.as_str(), held.holds), ("semaphore", 2));
+        let row: Row = (b"=0".to_vec(), 900, 0, Vec::new(), 0, 0, Vec::new(), 0);
+        assert_eq!(
+            holder_of_row("k", &row),
+            None,
+            "a mark without live readers"
+        );
     }
 }

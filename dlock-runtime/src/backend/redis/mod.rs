@@ -443,8 +443,11 @@ impl Backend for RedisBackend {
                 Some(key),
                 "force unlock failed",
                 |cmd| {
-                    cmd.arg(1)
+                    cmd.arg(4)
                         .arg(self.names.lock(key))
+                        .arg(self.names.readers(key))
+                        .arg(self.names.permits(key))
+                        .arg(self.names.permits_size(key))
                         .arg(self.names.channel(key))
                         .arg(FORCED)
                         .arg(self.link.publish_command());

@@ -79,6 +79,12 @@ impl Names {
         unescape(tag)
     }
 
+    /// The user key of a semaphore's permits name (`<prefix>{<key>}:permits`), if the name
+    /// is one of ours.
+    pub(super) fn key_of_permits(&self, name: &str) -> Option<String> {
+        self.key_of_lock(name.strip_suffix(":permits")?)
+    }
+
     /// The `SCAN … MATCH` pattern of every lock whose key starts with `key_prefix`:
     /// `<prefix>{<key_prefix>*`, with the glob characters of both written literally.
     pub(super) fn lock_pattern(&self, key_prefix: &str) -> String {

@@ -45,7 +45,15 @@ impl RedlockBackend {
             .filter_map(|((key, owner), mut ttls)| {
                 ttls.sort_unstable_by(|a, b| b.cmp(a));
                 let ttl = *ttls.get(self.quorum.checked_sub(1)?)?;
-                Some(Holding { key, owner, ttl }.info())
+                // Redlock refuses read locks and semaphores: every hold is exclusive.
+                let holding = Holding {
+                    key,
+                    owner,
+                    ttl,
+                    mode: crate::backend::mode::Mode::Exclusive,
+                    holds: 1,
+                };
+                Some(holding.info())
             })
             .collect())
     }

@@ -3,17 +3,40 @@
 //! fence the node's `czxid`. A node lives as long as its holder's session, not a lease, so the
 //! TTL shown is the session timeout this runtime negotiated: how long the holder's node
 //! outlives its session if the holder stopped now (the server does not show the timeout of
-//! another client's session; runtimes configured alike get the same).
+//! another client's session; runtimes configured alike get the same). A read lock or a
+//! semaphore (the mode from the owner token's tag in the node names) shows the earliest of its
+//! holders (the readers before the first writer, the permits among the first N), `holds`
+//! counting them all.
 
 use zookeeper_client::Error as ZkError;
 
 use super::ZooKeeperBackend;
 use super::path::{sequence, unescape};
+use crate::backend::mode::{Mode, holding_now};
 use crate::inspect::is_owner_token;
 use crate::{LockError, LockInfo};
 
 /// Looks at a queue again when its head went between the listing and the read of its node.
 const HEAD_LOOKUPS: usize = 3;
+
+/// The nodes of a queue that hold now, in order (see `mode::holding_now`), with their modes.
+pub(super) fn holding_nodes(children: &[String]) -> Vec<(&str, Mode)> {
+    let mut queue: Vec<(i64, &str)> = children
+        .iter()
+        .filter_map(|name| sequence(name).map(|s| (s, name.as_str())))
+        .collect();
+    queue.sort_unstable();
+    let modes: Vec<Mode> = queue
+        .iter()
+        .map(|(_, name)| Mode::of(name.strip_prefix("lock-").unwrap_or(name)))
+        .collect();
+    queue
+        .iter()
+        .zip(modes.iter())
+        .take(holding_now(&modes))
+        .map(|((_, name), mode)| (*name, *mode))
+        .collect()
+}
 
 /// The owner token in a queue node's name (`lock-<owner>-<sequence>`).
 fn owner_of(name: &str) -> Option<&str> {
@@ -47,11 +70,8 @@ impl ZooKeeperBackend {
             let Some(children) = self.children(Some(key), &parent).await? else {
                 return Ok(None);
             };
-            let Some((_, head)) = children
-                .iter()
-                .filter_map(|name| sequence(name).map(|s| (s, name)))
-                .min()
-            else {
+            let holding = holding_nodes(&children);
+            let Some(&(head, mode)) = holding.first() else {
                 return Ok(None);
             };
             let Some(owner) = owner_of(head) else {
@@ -68,13 +88,15 @@ impl ZooKeeperBackend {
                 )
                 .await?;
             if let Some(stat) = stat {
-                return Ok(Some(LockInfo::held(
+                let mut info = LockInfo::held(
                     key,
                     owner,
                     self.session.negotiated(),
-                    1,
+                    u32::try_from(holding.len()).unwrap_or(u32::MAX),
                     u64::try_from(stat.czxid).ok(),
-                )));
+                );
+                info.mode = mode.name().to_owned();
+                return Ok(Some(info));
             }
             // Released between the listing and the read: look at the queue again.
         }
@@ -109,5 +131,22 @@ mod tests {
         assert_eq!(owner_of(&format!("lock-{token}-0000000042")), Some(token));
         assert_eq!(owner_of("lock-0000000042"), None);
         assert_eq!(owner_of("lock-nothex-0000000042"), None);
+        assert_eq!(
+            owner_of(&format!("lock-{token}-r-0000000042")),
+            Some(format!("{token}-r").as_str())
+        );
+    }
+
+    #[test]
+    fn the_holding_nodes_are_the_front_of_the_queue_by_mode() {
+        let token = "0123456789abcdef0123456789abcdef";
+        let children: Vec<String> = ["r-0000000003", "r-0000000001", "0000000002", "r-0000000004"]
+            .iter()
+            .map(|tail| format!("lock-{token}-{tail}"))
+            .collect();
+        let holding = holding_nodes(&children);
+        assert_eq!(holding.len(), 1, "{holding:?}");
+        assert_eq!(holding[0].1, Mode::Read);
+        assert!(holding[0].0.ends_with("-0000000001"));
     }
 }

@@ -692,19 +692,18 @@ impl Backend for ZooKeeperBackend {
                     .await);
             }
         };
-        let Some(first) = children
-            .iter()
-            .filter_map(|n| sequence(n).map(|s| (s, n)))
-            .min()
-        else {
-            return Ok(false);
-        };
-        let node = format!("{parent}/{}", first.1);
-        Ok(self
-            .session
-            .bounded(Some(key), "force unlock failed", client.delete(&node, None))
-            .await
-            .is_ok())
+        // Only the holders are removed (the first node, or every reader or permit holding
+        // now); waiters keep their places.
+        let mut removed = false;
+        for (node, _) in inspect::holding_nodes(&children) {
+            let node = format!("{parent}/{node}");
+            removed |= self
+                .session
+                .bounded(Some(key), "force unlock failed", client.delete(&node, None))
+                .await
+                .is_ok();
+        }
+        Ok(removed)
     }
 
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
