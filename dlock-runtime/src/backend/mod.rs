@@ -111,6 +111,7 @@ pub(crate) enum Released {
 
 /// What [`Backend::release_or_extend`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) enum Extension {
     /// Still the owner's, its lease renewed, with a new block of fencing tokens ending at
     /// `last` (see [`Backend::fence_block`]).
