@@ -29,6 +29,11 @@ pub fn lock(key: String) -> LockBuilder {
     crate::lock(key)
 }
 
+/// A lock on every key of `keys` in the current runtime (the attribute's `keys = [..]`).
+pub fn lock_all(keys: Vec<String>) -> LockBuilder {
+    crate::lock_all(keys)
+}
+
 /// Runs the body of an annotated function under `lock` (see [`crate::with_lock`]).
 pub async fn run<R: LockResult, F: Future<Output = R>>(
     lock: LockBuilder,

@@ -71,6 +71,10 @@ pub(crate) struct Slot {
 /// the same terms. `true` when passed: the caller must neither release it in the engine nor
 /// stop its renewals.
 pub(crate) fn pass(held: &Held) -> bool {
+    // A fair lock goes to the first in line across processes, whoever that is.
+    if held.terms.fair {
+        return false;
+    }
     // A hold that keeps its key (`hold_at_least`) keeps it from every other holder.
     if held.hold_left().is_some() {
         return false;

@@ -69,6 +69,8 @@ pub(crate) struct Terms {
     /// `hold_at_least`: the key stays taken at least this long after the acquisition, even
     /// when the hold ends sooner (zero: released at once).
     pub(crate) hold: Duration,
+    /// A fair lock (`fair(true)`): never handed to a local waiter out of turn.
+    pub(crate) fair: bool,
 }
 
 impl Held {

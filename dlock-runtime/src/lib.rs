@@ -23,6 +23,7 @@ mod duration;
 mod engines;
 mod error;
 mod events;
+mod fair;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod fenced;
@@ -33,6 +34,7 @@ mod inspect;
 mod last_resort;
 mod lock;
 mod lost;
+mod multi;
 mod runtime;
 mod wait;
 mod watchdog;
@@ -55,5 +57,6 @@ pub use error::{BackendError, LockError};
 pub use events::{EVENT_BUFFER, LockEvent};
 pub use guard::LockGuard;
 pub use inspect::LockInfo;
-pub use lock::{LockBuilder, MAX_KEY_LEN, OnLost, lock, with_lock};
+pub use fair::FAIR_PLACE;
+pub use lock::{LockBuilder, MAX_KEY_LEN, OnLost, lock, lock_all, with_lock};
 pub use runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Runtime};

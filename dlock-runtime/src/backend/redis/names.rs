@@ -2,7 +2,9 @@
 //! - lock `<prefix>{<key>}`: a string, the owner token (`+` appended once a waiter outside the
 //!   holder's process asked to be notified); its TTL is the lease;
 //! - fence counter `<prefix>{<key>}:fence`;
-//! - release channel `<prefix>{<key>}:released`.
+//! - release channel `<prefix>{<key>}:released`;
+//! - for fair locks, the queue of waiters `<prefix>{<key>}:queue` and the deadlines of their
+//!   places `<prefix>{<key>}:places`.
 //!
 //! The hash tag must be the key, whatever the key and the prefix: inside the braces a key's
 //! `%` and `}` are written `%25` and `%7D`, and the prefix's `%`, `{` and `}` likewise (with
@@ -42,6 +44,16 @@ impl Names {
 
     pub(crate) fn fence(&self, key: &str) -> String {
         self.tagged(key) + ":fence"
+    }
+
+    /// The waiters of a fair lock, first in line first (`lua/fair_acquire.lua`).
+    pub(crate) fn fair_queue(&self, key: &str) -> String {
+        self.tagged(key) + ":queue"
+    }
+
+    /// The deadline of each fair waiter's place in line (`lua/fair_acquire.lua`).
+    pub(crate) fn fair_places(&self, key: &str) -> String {
+        self.tagged(key) + ":places"
     }
 
     pub(crate) fn channel(&self, key: &str) -> String {

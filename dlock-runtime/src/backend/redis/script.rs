@@ -19,6 +19,9 @@ pub(crate) const RELEASE_LUA: &str = include_str!("lua/release.lua");
 pub(crate) const HOLD_LUA: &str = include_str!("lua/hold.lua");
 pub(crate) const FORCE_UNLOCK_LUA: &str = include_str!("lua/force_unlock.lua");
 pub(crate) const INSPECT_LUA: &str = include_str!("lua/inspect.lua");
+pub(crate) const ACQUIRE_ALL_LUA: &str = include_str!("lua/acquire_all.lua");
+pub(crate) const FAIR_ACQUIRE_LUA: &str = include_str!("lua/fair_acquire.lua");
+pub(crate) const FAIR_LEAVE_LUA: &str = include_str!("lua/fair_leave.lua");
 
 /// One script: its name (for messages), source and SHA1.
 pub(super) struct Lua {
@@ -45,6 +48,9 @@ pub(super) struct Scripts {
     pub(super) hold: Lua,
     pub(super) force_unlock: Lua,
     pub(super) inspect: Lua,
+    pub(super) acquire_all: Lua,
+    pub(super) fair_acquire: Lua,
+    pub(super) fair_leave: Lua,
 }
 
 impl Scripts {
@@ -57,6 +63,9 @@ impl Scripts {
             hold: Lua::new("hold", HOLD_LUA),
             force_unlock: Lua::new("force-unlock", FORCE_UNLOCK_LUA),
             inspect: Lua::new("inspect", INSPECT_LUA),
+            acquire_all: Lua::new("acquire all", ACQUIRE_ALL_LUA),
+            fair_acquire: Lua::new("fair acquire", FAIR_ACQUIRE_LUA),
+            fair_leave: Lua::new("fair leave", FAIR_LEAVE_LUA),
         }
     }
 }
