@@ -373,7 +373,7 @@ use crate::key::Bindings;
 /// # Errors at compile time
 ///
 /// ```text
-/// error: unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `crate`
+/// error: unknown argument `ttl`; expected one of `key`, `keys`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `fair`, `crate`
 /// error: invalid duration "30x": expected a number followed by ms, s, m or h, e.g. "30s"
 /// error: key placeholder `{idd}` names no parameter of `buy`; did you mean `{id}`?
 /// error: `#[distributed_lock]` can only be used on an `async fn`; add `async` before `fn`
@@ -419,10 +419,17 @@ fn guard(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     };
 
     let mut errors = Vec::new();
-    let key = key::resolve(&args.key, &Bindings::of(&func.sig)).map_err(|error| errors.push(error));
+    let bindings = Bindings::of(&func.sig);
+    let keys: Result<Vec<_>, ()> = args
+        .keys
+        .iter()
+        .map(|key| key::resolve(key, &bindings).map_err(|error| errors.push(error)))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .collect();
     errors.extend(check_signature(&func));
-    match (combine(errors), key) {
-        (None, Ok(key)) => Ok(expand::expand(&func, &args, &key)),
+    match (combine(errors), keys) {
+        (None, Ok(keys)) => Ok(expand::expand(&func, &args, &keys)),
         (Some(error), _) => Err(error),
         // Unreachable: a failed `resolve` pushed its error, so `combine` returned `Some`.
         (None, Err(())) => Err(invalid_attribute()),
