@@ -541,7 +541,9 @@ pub(crate) async fn protected<T>(
     let multi = lock.multi().is_some();
     let guard = lock.acquire_in(parent.as_ref(), Some(scope)).await?;
     if multi {
-        return protected_all(guard, on_lost, parent, scope, fut).await;
+        // Boxed: the body is stored once in this future (a nested body inside it, again),
+        // not once per way of running it.
+        return protected_all(guard, on_lost, parent, scope, Box::pin(fut)).await;
     }
     let first = guard.is_first();
     let fresh = first.then(|| guard.held().clone());

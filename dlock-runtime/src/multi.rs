@@ -69,7 +69,7 @@ pub(crate) async fn acquire(
             hold: lock.hold_at_least,
             fair: false,
         };
-        match at_once(core, &keys, terms, frame, scope, started).await {
+        match Box::pin(at_once(core, &keys, terms, frame, scope, started)).await {
             Err(err) => {
                 core.observer.failed(started.elapsed());
                 return Err(err);
@@ -90,7 +90,9 @@ pub(crate) async fn acquire(
     let mut guards = Vec::with_capacity(keys.len());
     for key in keys {
         let left = deadline.saturating_duration_since(Instant::now());
-        match lock.one(core, key).wait(left).acquire_in(frame, scope).await {
+        // Boxed: one key's acquisition is a large future, polled here below the caller's.
+        let one = Box::pin(lock.one(core, key).wait(left).acquire_in(frame, scope));
+        match one.await {
             Ok(guard) => guards.push(guard),
             Err(err) => {
                 // All or nothing: give back what was taken (in the background if this future
