@@ -17,6 +17,7 @@
 
 mod config;
 mod events;
+mod fair;
 mod exclusion;
 mod exit_paths;
 mod faults;
@@ -89,7 +90,10 @@ conformance!(
     multi::a_set_with_one_busy_key_takes_none_of_them,
     multi::one_guard_covers_every_key,
     multi::losing_one_key_loses_the_set,
-    multi::a_set_reenters_the_keys_its_chain_holds;
+    multi::a_set_reenters_the_keys_its_chain_holds,
+    fair::fair_waiters_acquire_in_the_order_they_queued,
+    fair::a_dead_waiter_does_not_block_the_line,
+    fair::a_waiter_that_gives_up_leaves_the_line;
 
     // The memory engine lives inside its runtime: it cannot be killed or restarted while the
     // runtime holds a lock (a process crash takes the holder with it), so the engine-down
