@@ -140,9 +140,9 @@ pub(crate) async fn a_set_with_one_busy_key_takes_none_of_them(engine: Engine) {
     all.release().await.expect("release");
 }
 
-/// One guard over every key: `fences()` has one token per key in canonical order (each above
-/// the previous holder's of that key, where the engine gives tokens) and `fence()` is the
-/// first; `release()` frees every key; `drop` frees every key; a panic and a cancellation of a
+/// One guard over every key: `list` and `inspect` show every key held; `fences()` has one
+/// token per key in canonical order (each above the previous holder's of that key, where the
+/// engine gives tokens) and `fence()` is the first; `release()` frees every key; `drop` frees every key; a panic and a cancellation of a
 /// `with_lock` body free every key.
 pub(crate) async fn one_guard_covers_every_key(engine: Engine) {
     let fixture = Fixture::start(engine).await;
@@ -160,6 +160,11 @@ pub(crate) async fn one_guard_covers_every_key(engine: Engine) {
     assert_eq!(before.iter().all(Option::is_some), fences, "{engine:?}: {before:?}");
     assert_busy(&other, x, "held by the set").await;
     assert_busy(&other, y, "held by the set").await;
+    let listed = other.list("conformance:multi:guard:").await.expect("list");
+    let listed: Vec<&str> = listed.iter().map(|info| info.key.as_str()).collect();
+    assert_eq!(listed, [x, y], "{engine:?}: every key of the set is listed");
+    let shown = other.inspect(y).await.expect("inspect");
+    assert!(shown.is_some(), "{engine:?}: inspect shows the set's second key");
     first.release().await.expect("release");
     assert_free(&other, x, "after release()").await;
     assert_free(&other, y, "after release()").await;
