@@ -24,7 +24,8 @@
 //! - `cp` (feature `cp-engines`): etcd and ZooKeeper against their own raw round trips;
 //! - `peer`: dlock against rslock 0.10 in the same run: sequential latency, commands per
 //!   acquire + release, distinct keys, a hot key in one process and across 4 processes (the
-//!   program re-executed with the hidden `peer-worker` subcommand).
+//!   program re-executed with the hidden `peer-worker` subcommand);
+//! - `multikey`: a multi-key lock of two keys on one server (one script) against one key.
 //!
 //! Layout: [`options`] reads the command line, [`workloads`] holds one module per family,
 //! [`baselines`] the raw client calls they are compared with, [`stats`] percentiles and ratios,
@@ -46,7 +47,7 @@ use dlock_runtime::Runtime;
 use dlock_testkit::RedisServer;
 
 use crate::options::{Options, Section};
-use crate::workloads::{attribute, distinct_keys, fan_out, hot_key, peer, sequential};
+use crate::workloads::{attribute, distinct_keys, fan_out, hot_key, multi_key, peer, sequential};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -115,6 +116,7 @@ async fn main() -> Result<(), BoxError> {
             Section::Multi => fan_out::rows(&setup).await?,
             Section::Cp => workloads::cp_rows(&setup).await?,
             Section::Peer => peer::rows(&setup).await?,
+            Section::MultiKey => multi_key::rows(&setup).await?,
         });
     }
     report::print(&rows);

@@ -6,7 +6,7 @@ usage: dlock-bench [--quick] [--only SECTION,...]
 
   --quick         smaller counts and shorter holds in every section
   --only LIST     run just these sections (comma-separated, in the table's order):
-                  seq, par, hot, many, macro, multi, cp, peer
+                  seq, par, hot, many, macro, multi, cp, peer, multikey
   -h, --help      print this
 
 The cp section (etcd and ZooKeeper) needs the cp-engines feature. The peer section
@@ -23,11 +23,12 @@ pub(crate) enum Section {
     Multi,
     Cp,
     Peer,
+    MultiKey,
 }
 
 impl Section {
     /// Every section, in the order the table prints them.
-    pub(crate) const ALL: [Section; 8] = [
+    pub(crate) const ALL: [Section; 9] = [
         Section::Seq,
         Section::Par,
         Section::Hot,
@@ -36,6 +37,7 @@ impl Section {
         Section::Multi,
         Section::Cp,
         Section::Peer,
+        Section::MultiKey,
     ];
 
     fn name(self) -> &'static str {
@@ -48,6 +50,7 @@ impl Section {
             Section::Multi => "multi",
             Section::Cp => "cp",
             Section::Peer => "peer",
+            Section::MultiKey => "multikey",
         }
     }
 }

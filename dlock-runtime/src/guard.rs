@@ -186,18 +186,23 @@ impl LockGuard {
     /// lock as ours); [`LockError::Backend`] when the engine did not answer (the lock then
     /// expires with its lease).
     ///
-    /// A multi-key guard releases every key (in canonical order), all of them even when one
-    /// fails, and answers the first error.
+    /// A multi-key guard releases every key at once, all of them even when one fails, and
+    /// answers the first error in canonical order.
     pub async fn release(mut self) -> Result<(), LockError> {
         let more = std::mem::take(&mut self.more);
-        let mut result = self.release_one().await;
-        for guard in more {
-            let next = guard.release_one().await;
-            if result.is_ok() {
-                result = next;
-            }
+        if more.is_empty() {
+            return self.release_one().await;
         }
-        result
+        // Every key at once (their requests share the engine's connection).
+        let releases = std::iter::once(self)
+            .chain(more)
+            .map(|guard| Box::pin(guard.release_one()))
+            .collect();
+        crate::multi::join_all(releases)
+            .await
+            .into_iter()
+            .find(Result::is_err)
+            .unwrap_or(Ok(()))
     }
 
     /// [`release`](LockGuard::release) of this guard's own key.

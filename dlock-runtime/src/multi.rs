@@ -163,6 +163,26 @@ async fn at_once(
     Ok(LockGuard::over(guards).map(Ok))
 }
 
+/// Runs every future of `futures` at once; their outputs in the same order.
+pub(crate) async fn join_all<F: Future + Unpin>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<(F, Option<F::Output>)> =
+        futures.into_iter().map(|f| (f, None)).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (fut, out) in &mut futures {
+            if out.is_none() {
+                match std::pin::Pin::new(fut).poll(cx) {
+                    Poll::Ready(value) => *out = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { Poll::Pending } else { Poll::Ready(()) }
+    })
+    .await;
+    futures.into_iter().filter_map(|(_, out)| out).collect()
+}
+
 /// Resolves when any of `signals` is lost (see [`LockGuard::lost`]).
 pub(crate) async fn any_lost(signals: impl Iterator<Item = &LostSignal>) {
     let signals: Vec<&LostSignal> = signals.collect();
