@@ -90,12 +90,14 @@ use crate::key::Bindings;
 ///
 /// | argument   | value                               | default                       |
 /// |------------|-------------------------------------|-------------------------------|
-/// | `key`      | key template, e.g. `"stock:{id}"`   | required                      |
+/// | `key`      | key template, e.g. `"stock:{id}"`   | required (or `keys`)          |
+/// | `keys`     | array of key templates, e.g. `["acct:{from}", "acct:{to}"]` | instead of `key` |
 /// | `lease`    | duration, e.g. `"30s"`              | the runtime's `default_lease` (30 s) |
 /// | `wait`     | duration, e.g. `"1s"`, `"0s"`       | the runtime's `default_wait` (no waiting) |
 /// | `watchdog` | `true` or `false` (no quotes)       | `true`                        |
 /// | `on_lost`  | `"cancel"` or `"ignore"`            | `"cancel"`                    |
 /// | `hold_at_least` | duration, e.g. `"30s"`         | none: released at once        |
+/// | `fair`     | `true` or `false` (no quotes)       | `false`                       |
 /// | `crate`    | path of the runtime crate, e.g. `"dl"` | `"::dlock_runtime"`        |
 ///
 /// Arguments may come in any order; each may appear once. Everything is checked at compile
@@ -293,6 +295,42 @@ use crate::key::Bindings;
 ///     dlock_runtime::with_lock(lock, async move { Ok(()) }).await?
 /// }
 /// ```
+///
+/// ## `keys`
+///
+/// Several keys at once, all or nothing: each template is formatted like `key`, and the set is
+/// taken in a canonical order (sorted, duplicates merged), so calls naming the same keys in
+/// opposite orders never deadlock; one `wait` covers the whole set, and when a key is still
+/// busy at its end the keys already taken are released. The body runs holding every key; the
+/// loss of any key's lease cancels it. `key` and `keys` cannot both be written; `keys` must
+/// hold at least one string literal.
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(keys = ["acct:{from}", "acct:{to}"], wait = "1s")]
+/// async fn transfer(from: u64, to: u64, amount: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Without the macro:
+///
+/// ```no_run
+/// # use dlock_runtime::LockError;
+/// # use std::time::Duration;
+/// async fn transfer(from: u64, to: u64, amount: u64) -> Result<(), LockError> {
+///     let keys = vec![format!("acct:{}", from), format!("acct:{}", to)];
+///     let lock = dlock_runtime::lock_all(keys).wait(Duration::from_secs(1));
+///     dlock_runtime::with_lock(lock, async move { Ok(()) }).await?
+/// }
+/// ```
+///
+/// ## `fair`
+///
+/// `fair = true` serves the waiters of the key in the order they started waiting, across
+/// processes (see `LockBuilder::fair` for each engine: a line of waiters on Redis, FIFO
+/// already on memory, etcd and ZooKeeper, refused on Redlock). Without the macro:
+/// `lock(key).fair(true)`.
 ///
 /// ## `crate`
 ///

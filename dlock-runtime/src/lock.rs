@@ -110,7 +110,10 @@ impl LockBuilder {
     }
 
     /// A lock on every key of `keys` (see [`lock_all`]), in canonical order.
-    pub(crate) fn all(rt: Option<Arc<Core>>, keys: impl IntoIterator<Item = impl Into<String>>) -> Self {
+    pub(crate) fn all(
+        rt: Option<Arc<Core>>,
+        keys: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
         let keys = crate::multi::canonical(keys);
         let first = keys.first().cloned().unwrap_or_default();
         Self {
@@ -593,11 +596,8 @@ async fn protected_all<T>(
         engine = guard.held().core.engine,
         fence = guard.fence(),
     );
-    let fut = enter(
-        Scope::with_holds(scope, parent, guard.fresh_helds()),
-        fut,
-    )
-    .instrument(held_span);
+    let fut =
+        enter(Scope::with_holds(scope, parent, guard.fresh_helds()), fut).instrument(held_span);
     let out = match on_lost {
         OnLost::Cancel => {
             let signals: Vec<_> = guard.helds().map(|h| h.lost.clone()).collect();

@@ -57,9 +57,7 @@ pub(crate) async fn acquire(
     // One atomic step for the whole set, when the engine can and nothing of this process is
     // in the way (a hold of the chain to re-enter, local waiters to queue behind).
     let in_chain = |key: &String| frame.is_some_and(|f| f.find(core.id, key).is_some());
-    if keys.len() > 1
-        && !lock.fair
-        && !keys.iter().any(|k| in_chain(k) || core.hub.has_waiters(k))
+    if keys.len() > 1 && !lock.fair && !keys.iter().any(|k| in_chain(k) || core.hub.has_waiters(k))
     {
         let user = scope.or(frame.map(|f| f.id)).unwrap_or(0);
         let terms = Terms {
@@ -165,8 +163,7 @@ async fn at_once(
 
 /// Runs every future of `futures` at once; their outputs in the same order.
 pub(crate) async fn join_all<F: Future + Unpin>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<(F, Option<F::Output>)> =
-        futures.into_iter().map(|f| (f, None)).collect();
+    let mut futures: Vec<(F, Option<F::Output>)> = futures.into_iter().map(|f| (f, None)).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;
         for (fut, out) in &mut futures {
@@ -177,7 +174,11 @@ pub(crate) async fn join_all<F: Future + Unpin>(futures: Vec<F>) -> Vec<F::Outpu
                 }
             }
         }
-        if pending { Poll::Pending } else { Poll::Ready(()) }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     })
     .await;
     futures.into_iter().filter_map(|(_, out)| out).collect()
@@ -219,8 +220,7 @@ pub(crate) async fn run_unless_any_lost<F: Future>(
         if let Poll::Ready(out) = fut.as_mut().poll(cx) {
             return Poll::Ready(Some(out));
         }
-        let watches =
-            watching.get_or_insert_with(|| signals.iter().map(|s| s.watch()).collect());
+        let watches = watching.get_or_insert_with(|| signals.iter().map(|s| s.watch()).collect());
         if watches.iter_mut().any(|w| w.as_mut().poll(cx).is_ready())
             || signals.iter().any(|s| s.is_lost())
         {

@@ -190,8 +190,10 @@ fn keys_and_fair() {
 fn keys_mistakes() {
     assert_eq!(
         errors(r#"key = "a", keys = ["b"]"#),
-        ["`key` and `keys` cannot be used together; `key` is already given: use `keys = [..]` \
-          alone for several keys, e.g. `keys = [\"acct:{from}\", \"acct:{to}\"]`"]
+        [
+            "`key` and `keys` cannot be used together; `key` is already given: use `keys = [..]` \
+          alone for several keys, e.g. `keys = [\"acct:{from}\", \"acct:{to}\"]`"
+        ]
     );
     assert_eq!(
         errors(r#"keys = []"#),
@@ -206,10 +208,14 @@ fn keys_mistakes() {
     );
     assert_eq!(
         errors(r#"keys = "a""#),
-        ["expected an array of string literals for `keys`; write `keys = [\"a\"]`, or `key = \"a\"` for one key"]
+        [
+            "expected an array of string literals for `keys`; write `keys = [\"a\"]`, or `key = \"a\"` for one key"
+        ]
     );
     assert_eq!(
         errors(r#"key = "a", fair = "true""#),
-        ["expected `true` or `false` for `fair`, found a string literal; write `fair = true` without quotes"]
+        [
+            "expected `true` or `false` for `fair`, found a string literal; write `fair = true` without quotes"
+        ]
     );
 }

@@ -17,9 +17,9 @@
 
 mod config;
 mod events;
-mod fair;
 mod exclusion;
 mod exit_paths;
+mod fair;
 mod faults;
 mod fencing;
 mod fixture;

@@ -157,14 +157,21 @@ pub(crate) async fn one_guard_covers_every_key(engine: Engine) {
     let before = first.fences();
     assert_eq!(before.len(), 2);
     assert_eq!(before[0], first.fence());
-    assert_eq!(before.iter().all(Option::is_some), fences, "{engine:?}: {before:?}");
+    assert_eq!(
+        before.iter().all(Option::is_some),
+        fences,
+        "{engine:?}: {before:?}"
+    );
     assert_busy(&other, x, "held by the set").await;
     assert_busy(&other, y, "held by the set").await;
     let listed = other.list("conformance:multi:guard:").await.expect("list");
     let listed: Vec<&str> = listed.iter().map(|info| info.key.as_str()).collect();
     assert_eq!(listed, [x, y], "{engine:?}: every key of the set is listed");
     let shown = other.inspect(y).await.expect("inspect");
-    assert!(shown.is_some(), "{engine:?}: inspect shows the set's second key");
+    assert!(
+        shown.is_some(),
+        "{engine:?}: inspect shows the set's second key"
+    );
     first.release().await.expect("release");
     assert_free(&other, x, "after release()").await;
     assert_free(&other, y, "after release()").await;
@@ -172,7 +179,10 @@ pub(crate) async fn one_guard_covers_every_key(engine: Engine) {
     let second = rt.lock_all(keys).lease(LONG_LEASE).held("second").await;
     if fences {
         for (i, (old, new)) in before.iter().zip(second.fences()).enumerate() {
-            assert!(new > *old, "{engine:?}: key {i}: fence {new:?} after {old:?}");
+            assert!(
+                new > *old,
+                "{engine:?}: key {i}: fence {new:?} after {old:?}"
+            );
         }
     }
     drop(second);
@@ -182,7 +192,10 @@ pub(crate) async fn one_guard_covers_every_key(engine: Engine) {
         panic!("the body panics");
     }))
     .await;
-    assert!(panicked.is_err(), "{engine:?}: the body's panic reaches the task");
+    assert!(
+        panicked.is_err(),
+        "{engine:?}: the body's panic reaches the task"
+    );
     within_release(&other, keys, "after a panic").await;
 
     let dropped = Arc::new(AtomicBool::new(false));
@@ -232,7 +245,10 @@ pub(crate) async fn losing_one_key_loses_the_set(engine: Engine) {
     );
     assert_free(&other, keys[0], "the other key, after the release").await;
 
-    let keys = ["conformance:multi:lost-body:a", "conformance:multi:lost-body:b"];
+    let keys = [
+        "conformance:multi:lost-body:a",
+        "conformance:multi:lost-body:b",
+    ];
     let completed = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(AtomicBool::new(false));
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
@@ -256,10 +272,21 @@ pub(crate) async fn losing_one_key_loses_the_set(engine: Engine) {
         Err(LockError::Lost { key }) => assert_eq!(key, keys[1], "{engine:?}: the lost key"),
         other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
     }
-    assert!(dropped.load(Ordering::SeqCst), "{engine:?}: the body must be dropped");
-    assert!(!completed.load(Ordering::SeqCst), "{engine:?}: the body ran to its end");
-    dlock_tests::acquire_within(&other, keys[0], RELEASE_WITHIN, "the other key, after the loss")
-        .await;
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "{engine:?}: the body must be dropped"
+    );
+    assert!(
+        !completed.load(Ordering::SeqCst),
+        "{engine:?}: the body ran to its end"
+    );
+    dlock_tests::acquire_within(
+        &other,
+        keys[0],
+        RELEASE_WITHIN,
+        "the other key, after the loss",
+    )
+    .await;
 }
 
 /// Inside a chain that holds `b`, `lock_all([a, b])` re-enters `b` (same fence) and takes `a`
@@ -270,34 +297,43 @@ pub(crate) async fn a_set_reenters_the_keys_its_chain_holds(engine: Engine) {
     let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
     let (a, b) = ("conformance:multi:reenter:a", "conformance:multi:reenter:b");
     // Bodies boxed: the nested futures of a debug build stay off the test thread's stack.
-    let chain = with_lock(rt.lock(b).lease(LONG_LEASE), Box::pin(async {
-        let outer = dlock_runtime::current_fence();
-        let inner = bounded(
-            engine,
-            with_lock(rt.lock_all([a, b]).lease(LONG_LEASE), Box::pin(async {
-                let nested = bounded(
-                    engine,
-                    with_lock(rt.lock(a).lease(LONG_LEASE).wait(Duration::ZERO), async {}),
-                )
-                .await;
-                nested.expect("a nested call on a key of the set re-enters");
-                let guard = rt
-                    .lock_all([b, a])
-                    .lease(LONG_LEASE)
-                    .wait(Duration::ZERO)
-                    .held("the same set, re-entered whole")
-                    .await;
-                let fences = guard.fences();
-                guard.release().await.expect("release a re-entry");
-                fences
-            })),
-        )
-        .await
-        .expect("lock_all inside a chain holding one of its keys");
-        assert_eq!(inner[1], outer, "{engine:?}: b re-entered with the outer fence");
-        assert_free(&other, a, "after the inner set ended").await;
-        assert_busy(&other, b, "still the outer call's").await;
-    }));
+    let chain = with_lock(
+        rt.lock(b).lease(LONG_LEASE),
+        Box::pin(async {
+            let outer = dlock_runtime::current_fence();
+            let inner = bounded(
+                engine,
+                with_lock(
+                    rt.lock_all([a, b]).lease(LONG_LEASE),
+                    Box::pin(async {
+                        let nested = bounded(
+                            engine,
+                            with_lock(rt.lock(a).lease(LONG_LEASE).wait(Duration::ZERO), async {}),
+                        )
+                        .await;
+                        nested.expect("a nested call on a key of the set re-enters");
+                        let guard = rt
+                            .lock_all([b, a])
+                            .lease(LONG_LEASE)
+                            .wait(Duration::ZERO)
+                            .held("the same set, re-entered whole")
+                            .await;
+                        let fences = guard.fences();
+                        guard.release().await.expect("release a re-entry");
+                        fences
+                    }),
+                ),
+            )
+            .await
+            .expect("lock_all inside a chain holding one of its keys");
+            assert_eq!(
+                inner[1], outer,
+                "{engine:?}: b re-entered with the outer fence"
+            );
+            assert_free(&other, a, "after the inner set ended").await;
+            assert_busy(&other, b, "still the outer call's").await;
+        }),
+    );
     chain.await.expect("outer");
     assert_free(&other, b, "after the outer exit").await;
 }

@@ -25,20 +25,25 @@ impl RedisBackend {
         place: Duration,
     ) -> EngineResult<Attempt> {
         let reply: i64 = self
-            .run_script(&self.scripts.fair_acquire, Some(key), "acquire failed", |cmd| {
-                cmd.arg(4)
-                    .arg(self.names.lock(key))
-                    .arg(self.names.fence(key))
-                    .arg(self.names.fair_queue(key))
-                    .arg(self.names.fair_places(key))
-                    .arg(owner)
-                    .arg(millis_ceil(lease))
-                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
-                    .arg(FENCE_FLOOR_MIN)
-                    .arg(FENCE_BLOCK)
-                    .arg(&self.origin)
-                    .arg(millis_ceil(place));
-            })
+            .run_script(
+                &self.scripts.fair_acquire,
+                Some(key),
+                "acquire failed",
+                |cmd| {
+                    cmd.arg(4)
+                        .arg(self.names.lock(key))
+                        .arg(self.names.fence(key))
+                        .arg(self.names.fair_queue(key))
+                        .arg(self.names.fair_places(key))
+                        .arg(owner)
+                        .arg(millis_ceil(lease))
+                        .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
+                        .arg(FENCE_FLOOR_MIN)
+                        .arg(FENCE_BLOCK)
+                        .arg(&self.origin)
+                        .arg(millis_ceil(place));
+                },
+            )
             .await?;
         Ok(decode_acquire(reply, FENCE_BLOCK))
     }
@@ -46,16 +51,21 @@ impl RedisBackend {
     /// See [`crate::backend::Backend::leave_fair_queue`].
     pub(super) async fn fair_leave(&self, key: &str, owner: &str) -> EngineResult<()> {
         let _: i64 = self
-            .run_script(&self.scripts.fair_leave, Some(key), "leaving the queue failed", |cmd| {
-                cmd.arg(3)
-                    .arg(self.names.lock(key))
-                    .arg(self.names.fair_queue(key))
-                    .arg(self.names.fair_places(key))
-                    .arg(owner)
-                    .arg(self.names.channel(key))
-                    .arg(LEFT)
-                    .arg(self.link.publish_command());
-            })
+            .run_script(
+                &self.scripts.fair_leave,
+                Some(key),
+                "leaving the queue failed",
+                |cmd| {
+                    cmd.arg(3)
+                        .arg(self.names.lock(key))
+                        .arg(self.names.fair_queue(key))
+                        .arg(self.names.fair_places(key))
+                        .arg(owner)
+                        .arg(self.names.channel(key))
+                        .arg(LEFT)
+                        .arg(self.link.publish_command());
+                },
+            )
             .await?;
         Ok(())
     }

@@ -51,7 +51,11 @@ impl RedisBackend {
             })
             .await?;
         decode_all(&reply, keys.len(), FENCE_BLOCK).ok_or_else(|| {
-            LockError::backend(first, "acquire failed: malformed answer of the script", None)
+            LockError::backend(
+                first,
+                "acquire failed: malformed answer of the script",
+                None,
+            )
         })
     }
 }
