@@ -243,4 +243,58 @@ mod tests {
         );
         assert!(canonical(Vec::<String>::new()).is_empty());
     }
+
+    const MS: std::time::Duration = std::time::Duration::from_millis(1);
+
+    async fn memory() -> crate::Runtime {
+        crate::Runtime::from_url("memory://")
+            .await
+            .expect("memory runtime")
+    }
+
+    /// `a` is freed 300 ms into a 500 ms wait, `b` never: the set times out naming `b` when
+    /// the one budget ends (500 ms), not 500 ms after `a` was taken, and `a` is free again.
+    #[tokio::test(start_paused = true)]
+    async fn one_wait_budget_covers_the_whole_set() {
+        let rt = memory().await;
+        let a = rt.lock("a").acquire().await.expect("a");
+        let _b = rt.lock("b").acquire().await.expect("b");
+        tokio::spawn(async move {
+            tokio::time::sleep(300 * MS).await;
+            a.release().await.expect("release a");
+        });
+        let started = Instant::now();
+        let err = rt
+            .lock_all(["b", "a"])
+            .wait(500 * MS)
+            .acquire()
+            .await
+            .expect_err("b stays busy");
+        let took = started.elapsed();
+        assert!(
+            matches!(&err, LockError::Timeout { key, .. } if key == "b"),
+            "{err:?}"
+        );
+        assert!(took >= 500 * MS && took < 550 * MS, "took {took:?}");
+        let again = rt.lock("a").acquire().await.expect("a is free again");
+        drop(again);
+    }
+
+    #[tokio::test]
+    async fn an_empty_set_is_invalid_config() {
+        let rt = memory().await;
+        let err = rt
+            .lock_all(Vec::<String>::new())
+            .acquire()
+            .await
+            .expect_err("no keys");
+        assert!(err.is_invalid_config(), "{err:?}");
+        assert!(err.to_string().contains("at least one key"), "{err}");
+        let err = rt
+            .lock_all(["ok", ""])
+            .acquire()
+            .await
+            .expect_err("empty key");
+        assert!(err.is_invalid_config(), "{err:?}");
+    }
 }

@@ -50,7 +50,10 @@ pub(crate) enum Attempt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(
     not(feature = "redis"),
-    allow(dead_code, reason = "made by the Redis engine, which takes several keys in one script")
+    allow(
+        dead_code,
+        reason = "made by the Redis engine, which takes several keys in one script"
+    )
 )]
 pub(crate) enum AttemptAll {
     /// Every key is ours; one fence per key, in the order asked.

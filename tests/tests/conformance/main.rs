@@ -91,6 +91,7 @@ conformance!(
     multi::one_guard_covers_every_key,
     multi::losing_one_key_loses_the_set,
     multi::a_set_reenters_the_keys_its_chain_holds,
+    multi::the_watchdog_renews_every_key_of_a_set,
     fair::fair_waiters_acquire_in_the_order_they_queued,
     fair::a_dead_waiter_does_not_block_the_line,
     fair::a_waiter_that_gives_up_leaves_the_line;

@@ -344,3 +344,30 @@ async fn bounded<T>(engine: Engine, fut: impl Future<Output = T>) -> T {
         .await
         .unwrap_or_else(|_| panic!("{engine:?}: a re-entry hung"))
 }
+
+/// A set held with the engine's short lease for several leases: the watchdog renews every key
+/// (the guard is not lost, another runtime finds each key busy at the end), and the release
+/// frees them all.
+pub(crate) async fn the_watchdog_renews_every_key_of_a_set(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let params = fixture.params();
+    let keys = ["conformance:multi:renew:a", "conformance:multi:renew:b"];
+    let guard = rt
+        .lock_all(keys)
+        .lease(params.short_lease)
+        .held("a set with a short lease")
+        .await;
+    tokio::time::sleep(params.hold_for).await;
+    assert!(
+        !guard.is_lost(),
+        "{engine:?}: a key's lease ran out while held"
+    );
+    for key in keys {
+        assert_busy(&other, key, "after several leases").await;
+    }
+    guard.release().await.expect("release");
+    for key in keys {
+        assert_free(&other, key, "after the release").await;
+    }
+}
