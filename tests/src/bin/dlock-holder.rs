@@ -12,9 +12,10 @@
 //!     `#[distributed_lock(key = "{key}", lease = "30s", wait = "60s")]`, run on the runtime for
 //!     URL installed as the process default. Prints "done N" at the end.
 //! dlock-holder --url URL --key KEY --mode hold --lease-ms L [--watchdog false]
-//!     [--report-ms R]
-//!     Acquires KEY with lease L, prints "acquired <fence>" ("acquired none" without a fence)
-//!     and holds it until killed; prints "lost" and exits 3 if the lease is lost. With R, also
+//!     [--report-ms R] [--fair true] [--wait-ms W]
+//!     Acquires KEY with lease L (a fair lock with `--fair true`, waiting up to W ms, default
+//!     30 s), prints "acquired <fence>" ("acquired none" without a fence) and holds it until
+//!     killed; prints "lost" and exits 3 if the lease is lost. With R, also
 //!     prints "valid <ms> <unix ms>" every R ms: the guard's `valid_for()` and the wall clock.
 //! ```
 
@@ -41,6 +42,8 @@ enum Mode {
         lease: Duration,
         watchdog: bool,
         report: Option<Duration>,
+        fair: bool,
+        wait: Duration,
     },
 }
 
@@ -63,6 +66,8 @@ fn parse_args() -> Result<Args, BoxError> {
     let mut lease_ms = 30_000u64;
     let mut watchdog = true;
     let mut report = None;
+    let mut fair = false;
+    let mut wait_ms = 30_000u64;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -76,6 +81,8 @@ fn parse_args() -> Result<Args, BoxError> {
             "--lease-ms" => lease_ms = value()?.parse()?,
             "--watchdog" => watchdog = value()?.parse()?,
             "--report-ms" => report = Some(Duration::from_millis(value()?.parse()?)),
+            "--fair" => fair = value()?.parse()?,
+            "--wait-ms" => wait_ms = value()?.parse()?,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -95,6 +102,8 @@ fn parse_args() -> Result<Args, BoxError> {
             lease: Duration::from_millis(lease_ms),
             watchdog,
             report,
+            fair,
+            wait: Duration::from_millis(wait_ms),
         },
         other => {
             return Err(
@@ -159,12 +168,15 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
             lease,
             watchdog,
             report,
+            fair,
+            wait,
         } => {
             let guard = rt
                 .lock(args.key.as_str())
                 .lease(lease)
                 .watchdog(watchdog)
-                .wait(Duration::from_secs(30))
+                .fair(fair)
+                .wait(wait)
                 .acquire()
                 .await?;
             match guard.fence() {
