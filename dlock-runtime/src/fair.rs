@@ -18,10 +18,10 @@ use crate::core::Core;
 use crate::held::{Held, Terms};
 
 /// How long a fair waiter's place in line lasts past its last heartbeat on Redis (or the
-/// lock's lease, if shorter, but at least half a second): a waiter whose process died, or
-/// whose acquisition was cancelled, stops blocking the line at most this long later. A
-/// waiter refreshes its place every third of it while it waits; one whose `wait` runs out
-/// leaves the line at once.
+/// lock's lease, if shorter, but at least half a second): a waiter whose process died stops
+/// blocking the line at most this long later. A waiter refreshes its place every third of it
+/// while it waits; one whose `wait` runs out leaves the line at once, and one whose
+/// acquisition is cancelled (its future dropped) leaves it from a background task.
 pub const FAIR_PLACE: Duration = Duration::from_secs(5);
 
 /// The shortest place: three heartbeats must fit in it on a loaded machine.
@@ -55,6 +55,13 @@ pub(crate) async fn acquire(
     let ticket = core.hub.join(&key);
     let mut watched = false;
     let mut in_line = false;
+    // Cancelled while in line: leave it in the background rather than block it until the
+    // place runs out.
+    let mut place_left = LeaveOnDrop {
+        core,
+        key: key.clone(),
+        owner: None,
+    };
     loop {
         let freed = ticket.queue().freed.notified();
         tokio::pin!(freed);
@@ -65,6 +72,7 @@ pub(crate) async fn acquire(
             .try_acquire_fair(&key, &owner, terms.lease, place);
         let ttl = match compensated(core, &key, &owner, request).await {
             Ok(Attempt::Acquired { fence }) => {
+                place_left.owner = None;
                 return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
             Ok(Attempt::Busy { ttl }) => ttl,
@@ -74,19 +82,23 @@ pub(crate) async fn acquire(
             Err(err) if err.is_backend() && Instant::now() + ERROR_RETRY < deadline => {
                 tracing::debug!(key = %key, error = %err, "fair attempt failed; retrying within the wait");
                 owner = new_owner(core);
+                place_left.owner = None;
                 tokio::time::sleep(ERROR_RETRY).await;
                 continue;
             }
             Err(err) => {
+                place_left.owner = None;
                 leave(core, &key, &owner, in_line).await;
                 return Err(err);
             }
         };
         in_line = true;
+        place_left.owner = Some(owner.clone());
         let now = Instant::now();
         // The holder's TTL as this busy answer said, and when it came.
         let seen_ttl = ttl.map(|ttl| (ttl, now));
         if now >= deadline {
+            place_left.owner = None;
             leave(core, &key, &owner, in_line).await;
             return Err(timeout(key, seen_ttl));
         }
@@ -96,6 +108,7 @@ pub(crate) async fn acquire(
             match watch(&ticket, &key, deadline).await {
                 Some(now_watched) => watched = now_watched,
                 None => {
+                    place_left.owner = None;
                     leave(core, &key, &owner, in_line).await;
                     return Err(timeout(key, seen_ttl));
                 }
@@ -122,6 +135,26 @@ async fn leave(core: &Core, key: &str, owner: &str, in_line: bool) {
     }
     if let Err(err) = core.backend.leave_fair_queue(key, owner).await {
         tracing::debug!(key = %key, error = %err, "leaving the line failed; the place runs out by itself");
+    }
+}
+
+/// Takes a waiter that is dropped while in line (its acquisition cancelled) out of the line in
+/// the background. `owner`: the token the waiter is in line with, if any.
+struct LeaveOnDrop<'a> {
+    core: &'a Arc<Core>,
+    key: String,
+    owner: Option<String>,
+}
+
+impl Drop for LeaveOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(owner) = self.owner.take() else {
+            return;
+        };
+        let (core, key) = (self.core.clone(), std::mem::take(&mut self.key));
+        self.core.handle.spawn(async move {
+            leave(&core, &key, &owner, true).await;
+        });
     }
 }
 

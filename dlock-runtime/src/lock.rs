@@ -220,8 +220,9 @@ impl LockBuilder {
     /// On Redis each waiter takes its place in line when it first finds the key busy and
     /// refreshes it (a heartbeat) while it waits; its place lasts
     /// [`FAIR_PLACE`](crate::FAIR_PLACE) (or its lease, if shorter) past each heartbeat, so a
-    /// waiter whose process died, or that was cancelled, stops blocking the line at most that
-    /// long later. A waiter whose `wait` runs out leaves the line at once. When the lock is
+    /// waiter whose process died stops blocking the line at most that long later. A waiter
+    /// whose `wait` runs out leaves the line at once; one that is cancelled (its future
+    /// dropped) leaves it from a background task. When the lock is
     /// released the waiters are notified (pub/sub) and the first in line takes it; within a
     /// process, a release is not handed to a local waiter out of turn (no hand-off for fair
     /// locks). Every user of a key must agree: a plain acquisition of a key does not look at

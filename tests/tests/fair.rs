@@ -1,5 +1,6 @@
-//! Fair locks on Redis with real processes: a waiter whose process is killed (kill -9) in line
-//! blocks the line no longer than its place lasts, and the line is clean afterwards.
+//! Fair locks on Redis: a waiter whose process is killed (kill -9) in line blocks the line no
+//! longer than its place lasts, and the line is clean afterwards; a cancelled waiter leaves the
+//! line at once.
 //!
 //! FIFO order across runtimes, a cancelled waiter and a waiter that gives up are in the
 //! conformance suite (`tests/conformance/fair.rs`) on every engine.
@@ -102,4 +103,44 @@ async fn a_killed_waiter_process_does_not_block_the_line() {
     assert_eq!(left, 0, "no place is left in {places}");
     assert!(!server.exists(&line).await);
     assert!(server.lock_is_free(key).await, "{} is free", lock_key(key));
+}
+
+/// A waiter (default lease: its place lasts 5 s) is cancelled while in line: it leaves the line
+/// within 500 ms, not when its place runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_the_line_at_once() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let key = "fair:cancelled";
+    let (rt, waiter_rt) = (
+        Runtime::from_url(&url).await.expect("runtime"),
+        Runtime::from_url(&url).await.expect("runtime"),
+    );
+    let holder = rt.lock(key).fair(true).held("the holder").await;
+    let waiter = tokio::spawn(async move {
+        waiter_rt
+            .lock(key)
+            .fair(true)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    eventually(Duration::from_secs(10), "the waiter in line", || async {
+        line_len(&server, key).await == 1
+    })
+    .await;
+    waiter.abort();
+    let _ = waiter.await;
+    let cancelled = Instant::now();
+    eventually(
+        Duration::from_millis(500),
+        "the cancelled waiter out of the line",
+        || async { line_len(&server, key).await == 0 },
+    )
+    .await;
+    println!(
+        "left the line {:?} after the cancellation",
+        cancelled.elapsed()
+    );
+    holder.release().await.expect("release");
 }

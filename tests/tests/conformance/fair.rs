@@ -100,8 +100,8 @@ pub(crate) async fn fair_waiters_acquire_in_the_order_they_queued(engine: Engine
 }
 
 /// A holder; a waiter (lease 1 s, so its place lasts 1 s past its last heartbeat; 2 s on etcd
-/// and ZooKeeper) that dies in line (its task aborted and its runtime dropped: nothing leaves
-/// the line for it); a second waiter behind it. When the holder releases, the second waiter
+/// and ZooKeeper) that dies in line (its task aborted and its runtime dropped; a process killed
+/// in line is in `tests/fair.rs`); a second waiter behind it. When the holder releases, the second waiter
 /// acquires within the dead one's place plus a margin, not after its own wait of 60 s.
 pub(crate) async fn a_dead_waiter_does_not_block_the_line(engine: Engine) {
     let fixture = Fixture::start(engine).await;
