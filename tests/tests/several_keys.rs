@@ -11,7 +11,7 @@ use dlock_runtime::DEFAULT_PREFIX;
 use dlock_runtime::testing::redis_names;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::{
-    AcquireExt, HoldExt, LONG_LEASE, RedisServer, Runtime, assert_busy, assert_free,
+    AcquireExt, HoldExt, LONG_LEASE, RedisServer, Runtime, assert_busy, assert_free, lock_key,
 };
 
 /// `INFO commandstats` as command name -> calls.
