@@ -65,8 +65,9 @@ async fn one_script_takes_every_key_on_one_server() {
     guard.release().await.expect("release");
 }
 
-/// Two keys whose names share a hash slot are taken by one script on a Cluster (one script call
-/// on their master; key by key would be two plain pipelines): the set holds both, and with one of them busy it takes neither.
+/// Two keys whose names share a hash slot are taken by one script on a Cluster (one script
+/// call on their master; key by key would be two plain pipelines): the set holds both, and
+/// with one of them busy it takes neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_keys_sharing_a_slot_are_taken_at_once_all_or_nothing() {
     let cluster = RedisCluster::start();
@@ -80,11 +81,17 @@ async fn cluster_keys_sharing_a_slot_are_taken_at_once_all_or_nothing() {
     let master = cluster.master_for_key(&lock_key(&first)).await;
     let keys = [first.as_str(), twin.as_str()];
 
+    // Warm: the script is loaded on first use.
+    let warm = rt.lock_all(keys).held("warm").await;
+    warm.release().await.expect("release");
+    let before = cluster.script_calls_on(master).await;
     let both = rt
         .lock_all(keys)
         .lease(LONG_LEASE)
         .held("both, one slot")
         .await;
+    let scripts = cluster.script_calls_on(master).await - before;
+    assert_eq!(scripts, 1, "one script took both keys");
     assert_eq!(both.fences().len(), 2);
     for key in keys {
         assert_busy(&other, key, "held by the set").await;
