@@ -67,9 +67,15 @@ pub(crate) async fn acquire(
         tokio::pin!(freed);
         freed.as_mut().enable();
         let sent_at = Instant::now();
+        // Without time to wait, one try that does not join the line.
+        let ask = if sent_at >= deadline && !in_line {
+            Duration::ZERO
+        } else {
+            place
+        };
         let request = core
             .backend
-            .try_acquire_fair(&key, &owner, terms.lease, place);
+            .try_acquire_fair(&key, &owner, terms.lease, ask);
         let ttl = match compensated(core, &key, &owner, request).await {
             Ok(Attempt::Acquired { fence }) => {
                 place_left.owner = None;
@@ -92,8 +98,10 @@ pub(crate) async fn acquire(
                 return Err(err);
             }
         };
-        in_line = true;
-        place_left.owner = Some(owner.clone());
+        if !ask.is_zero() {
+            in_line = true;
+            place_left.owner = Some(owner.clone());
+        }
         let now = Instant::now();
         // The holder's TTL as this busy answer said, and when it came.
         let seen_ttl = ttl.map(|ttl| (ttl, now));

@@ -144,3 +144,20 @@ async fn a_cancelled_waiter_leaves_the_line_at_once() {
     );
     holder.release().await.expect("release");
 }
+
+/// A fair try without waiting (`wait` zero) on a busy key answers `Timeout` and leaves no
+/// trace in the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_try_without_waiting_does_not_join_the_line() {
+    let server = RedisServer::start();
+    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let key = "fair:try";
+    let holder = rt.lock(key).fair(true).held("the holder").await;
+    let other = Runtime::from_url(&server.url()).await.expect("runtime");
+    let err = other.lock(key).fair(true).refused("a try").await;
+    assert!(err.is_timeout(), "{err:?}");
+    let [line, places] = redis_fair_names(DEFAULT_PREFIX, key);
+    assert!(!server.exists(&line).await, "{line} was written");
+    assert!(!server.exists(&places).await, "{places} was written");
+    holder.release().await.expect("release");
+}

@@ -405,8 +405,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// A fair lock's attempt (called only when [`Backend::fairness`] is
     /// [`Fairness::Queue`]): acquires only when `owner` is first in the key's queue of
     /// waiters (or the queue is empty); else joins the queue, or refreshes its place there,
-    /// which lasts `place` past this call, and answers `Busy` with how long to wait before
-    /// the next attempt (the holder's remaining lease, or when a waiter ahead loses its place).
+    /// which lasts `place` past this call (a zero `place`: a try that does not join), and
+    /// answers `Busy` with how long to wait before the next attempt (the holder's remaining
+    /// lease, or when a waiter ahead loses its place).
     fn try_acquire_fair(
         &self,
         key: &str,

@@ -41,7 +41,11 @@ impl RedisBackend {
                         .arg(FENCE_FLOOR_MIN)
                         .arg(FENCE_BLOCK)
                         .arg(&self.origin)
-                        .arg(millis_ceil(place));
+                        .arg(if place.is_zero() {
+                            0
+                        } else {
+                            millis_ceil(place)
+                        });
                 },
             )
             .await?;

@@ -15,7 +15,8 @@
 -- ARGV[4]  the lowest fence a counter that was not recreated can hold (see acquire.lua)
 -- ARGV[5]  fence block (see acquire.lua)
 -- ARGV[6]  this runtime's id
--- ARGV[7]  how long a place lasts past this call, in milliseconds
+-- ARGV[7]  how long a place lasts past this call, in milliseconds; 0: a try that does not
+--          join the line (no wait)
 --
 -- Returns one integer, as acquire.lua: the last token of the fence block when acquired (or
 -- already this owner's), else -2 - ms to wait before the next attempt: the holder's remaining
@@ -47,14 +48,17 @@ if ours or (free and (first == false or first == ARGV[1])) then
   return fence
 end
 -- Join the line (or keep the place): the queue and the places live as long as a place does.
+-- A place of 0 is a try without waiting: it does not join.
 local place = tonumber(ARGV[7])
-if redis.call('ZADD', KEYS[4], now_ms + place, ARGV[1]) == 1 then
-  redis.call('RPUSH', KEYS[3], ARGV[1])
+if place > 0 then
+  if redis.call('ZADD', KEYS[4], now_ms + place, ARGV[1]) == 1 then
+    redis.call('RPUSH', KEYS[3], ARGV[1])
+  end
+  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+  local keep = math.max(place, tonumber(last[2]) - now_ms)
+  redis.call('PEXPIRE', KEYS[3], keep)
+  redis.call('PEXPIRE', KEYS[4], keep)
 end
-local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-local keep = math.max(place, tonumber(last[2]) - now_ms)
-redis.call('PEXPIRE', KEYS[3], keep)
-redis.call('PEXPIRE', KEYS[4], keep)
 if free then
   -- The first in line has until its place runs out to take its turn.
   local until_ms = redis.call('ZSCORE', KEYS[4], first)
