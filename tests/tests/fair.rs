@@ -11,6 +11,7 @@ use dlock_runtime::DEFAULT_PREFIX;
 use dlock_runtime::testing::redis_fair_names;
 use dlock_tests::{
     AcquireExt, HolderProcess, RedisServer, Runtime, eventually, holder_bin, lock_key,
+    script_calls_in,
 };
 
 /// The dead waiter's lease, hence its place in line (1 s past its last heartbeat).
@@ -145,8 +146,8 @@ async fn a_cancelled_waiter_leaves_the_line_at_once() {
     holder.release().await.expect("release");
 }
 
-/// A fair try without waiting (`wait` zero) on a busy key answers `Timeout` and leaves no
-/// trace in the line.
+/// A fair try without waiting (`wait` zero) on a busy key answers `Timeout` after one script
+/// call (it never joined the line, so it has nothing to leave) and leaves no trace there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_try_without_waiting_does_not_join_the_line() {
     let server = RedisServer::start();
@@ -154,8 +155,18 @@ async fn a_fair_try_without_waiting_does_not_join_the_line() {
     let key = "fair:try";
     let holder = rt.lock(key).fair(true).held("the holder").await;
     let other = Runtime::from_url(&server.url()).await.expect("runtime");
+    let scripts = || async {
+        let info: String = server.query(redis::cmd("INFO").arg("commandstats")).await;
+        script_calls_in(&info)
+    };
+    let before = scripts().await;
     let err = other.lock(key).fair(true).refused("a try").await;
     assert!(err.is_timeout(), "{err:?}");
+    assert_eq!(
+        scripts().await - before,
+        1,
+        "one script call, no leaving the line"
+    );
     let [line, places] = redis_fair_names(DEFAULT_PREFIX, key);
     assert!(!server.exists(&line).await, "{line} was written");
     assert!(!server.exists(&places).await, "{places} was written");
