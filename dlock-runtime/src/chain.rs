@@ -206,7 +206,10 @@ pub(crate) fn enter<F: Future>(
 
 /// The fencing token of the innermost lock held by this call chain, if any.
 ///
-/// Pass it to the storage you write under the lock so it can reject a stale holder.
+/// Pass it to the storage you write under the lock so it can reject a stale holder. In the
+/// body of a multi-key lock (`keys = [..]`, `with_lock(lock_all(..))`) it is the token of the
+/// last key, in canonical order, that the call acquired (not re-entered); the guard's
+/// [`fences`](crate::LockGuard::fences) gives every key's.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
