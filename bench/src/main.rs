@@ -28,6 +28,7 @@
 //! - `prim`: read locks and semaphores: 8 tasks reading under a read lock against the same
 //!   under the exclusive lock (throughput), and a semaphore's sequential acquire + release
 //!   against the plain lock's.
+//! - `multikey`: a multi-key lock of two keys on one server (one script) against one key.
 //!
 //! Layout: [`options`] reads the command line, [`workloads`] holds one module per family,
 //! [`baselines`] the raw client calls they are compared with, [`stats`] percentiles and ratios,
@@ -49,7 +50,9 @@ use dlock_runtime::Runtime;
 use dlock_testkit::RedisServer;
 
 use crate::options::{Options, Section};
-use crate::workloads::{attribute, distinct_keys, fan_out, hot_key, peer, primitives, sequential};
+use crate::workloads::{
+    attribute, distinct_keys, fan_out, hot_key, multi_key, peer, primitives, sequential,
+};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -119,6 +122,7 @@ async fn main() -> Result<(), BoxError> {
             Section::Cp => workloads::cp_rows(&setup).await?,
             Section::Peer => peer::rows(&setup).await?,
             Section::Prim => primitives::rows(&setup).await?,
+            Section::MultiKey => multi_key::rows(&setup).await?,
         });
     }
     report::print(&rows);

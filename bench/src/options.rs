@@ -6,7 +6,7 @@ usage: dlock-bench [--quick] [--only SECTION,...]
 
   --quick         smaller counts and shorter holds in every section
   --only LIST     run just these sections (comma-separated, in the table's order):
-                  seq, par, hot, many, macro, multi, cp, peer, prim
+                  seq, par, hot, many, macro, multi, cp, peer, prim, multikey
   -h, --help      print this
 
 The cp section (etcd and ZooKeeper) needs the cp-engines feature. The peer section
@@ -24,11 +24,12 @@ pub(crate) enum Section {
     Cp,
     Peer,
     Prim,
+    MultiKey,
 }
 
 impl Section {
     /// Every section, in the order the table prints them.
-    pub(crate) const ALL: [Section; 9] = [
+    pub(crate) const ALL: [Section; 10] = [
         Section::Seq,
         Section::Par,
         Section::Hot,
@@ -38,6 +39,7 @@ impl Section {
         Section::Cp,
         Section::Peer,
         Section::Prim,
+        Section::MultiKey,
     ];
 
     fn name(self) -> &'static str {
@@ -51,6 +53,7 @@ impl Section {
             Section::Cp => "cp",
             Section::Peer => "peer",
             Section::Prim => "prim",
+            Section::MultiKey => "multikey",
         }
     }
 }

@@ -1,6 +1,6 @@
-//! The attribute's arguments: `key = "..."`, `lease = "30s"`, `wait = "1s"`, `watchdog = false`,
-//! `on_lost = "cancel" | "ignore"`, `hold_at_least = "30s"`, `mode = "read" | "write"`,
-//! `permits = 8`, `crate = "path"`.
+//! The attribute's arguments: `key = "..."` (or `keys = ["...", ...]`), `lease = "30s"`,
+//! `wait = "1s"`, `watchdog = false`, `on_lost = "cancel" | "ignore"`, `hold_at_least = "30s"`,
+//! `mode = "read" | "write"`, `permits = 8`, `fair = true`, `crate = "path"`.
 //!
 //! Two phases, as in tokio-macros: [`RawArgs`] only splits `name = value, ...` (a syntax error
 //! here is the only error that stops the parse), then [`RawArgs::validate`] looks at every
@@ -10,14 +10,15 @@ use proc_macro2::Span;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
-use syn::{Expr, ExprLit, Ident, Lit, LitBool, LitStr, Path, Token};
+use syn::{Expr, ExprArray, ExprLit, Ident, Lit, LitBool, LitStr, Path, Token};
 
 use crate::duration::parse_millis;
 use crate::{combine, similar_name};
 
 /// Every argument the attribute accepts, in the order the docs list them.
-const ARGUMENTS: [&str; 9] = [
+const ARGUMENTS: [&str; 11] = [
     "key",
+    "keys",
     "lease",
     "wait",
     "watchdog",
@@ -25,6 +26,7 @@ const ARGUMENTS: [&str; 9] = [
     "hold_at_least",
     "mode",
     "permits",
+    "fair",
     "crate",
 ];
 
@@ -65,8 +67,13 @@ impl Parse for RawArgs {
 
 /// Validated arguments.
 pub(crate) struct Args {
-    /// The key template, still unparsed: `key.rs` needs the function's bindings to check it.
-    pub(crate) key: LitStr,
+    /// The key templates, still unparsed: `key.rs` needs the function's bindings to check
+    /// them. One for `key`, one or more for `keys`.
+    pub(crate) keys: Vec<LitStr>,
+    /// Whether the keys came from `keys = [..]` (a multi-key lock, even with one key).
+    pub(crate) multi: bool,
+    /// `None` keeps the default (not fair).
+    pub(crate) fair: Option<LitBool>,
     /// Milliseconds; `None` keeps the runtime's default lease.
     pub(crate) lease: Option<u64>,
     /// Milliseconds; `None` keeps the runtime's default wait.
@@ -97,6 +104,8 @@ impl RawArgs {
         let mut errors = Vec::new();
         let mut seen: Vec<String> = Vec::new();
         let mut key = None;
+        let mut keys: Option<Vec<LitStr>> = None;
+        let mut fair = None;
         let mut lease = None;
         let mut wait = None;
         let mut watchdog = None;
@@ -122,6 +131,22 @@ impl RawArgs {
                 ));
                 continue;
             }
+            let other = match name_text.as_str() {
+                "key" => Some("keys"),
+                "keys" => Some("key"),
+                _ => None,
+            };
+            if let Some(other) = other.filter(|other| seen.iter().any(|n| n == other)) {
+                errors.push(syn::Error::new(
+                    name.span(),
+                    format!(
+                        "`key` and `keys` cannot be used together; `{other}` is already given: \
+                         use `keys = [..]` alone for several keys, e.g. \
+                         `keys = [\"acct:{{from}}\", \"acct:{{to}}\"]`"
+                    ),
+                ));
+                continue;
+            }
             seen.push(name_text.clone());
             let Some(value) = value else {
                 errors.push(syn::Error::new(
@@ -136,6 +161,8 @@ impl RawArgs {
             let value = ungroup(value);
             let checked = match name_text.as_str() {
                 "key" => key_literal(&value).map(|lit| key = Some(lit)),
+                "keys" => key_list(&value).map(|list| keys = Some(list)),
+                "fair" => bool_literal(&value, "fair").map(|lit| fair = Some(lit)),
                 "lease" => duration(&value, "lease").and_then(|millis| {
                     check_lease(millis, value.span())?;
                     lease = Some(millis);
@@ -143,7 +170,7 @@ impl RawArgs {
                     Ok(())
                 }),
                 "wait" => duration(&value, "wait").map(|millis| wait = Some(millis)),
-                "watchdog" => bool_literal(&value).map(|lit| watchdog = Some(lit)),
+                "watchdog" => bool_literal(&value, "watchdog").map(|lit| watchdog = Some(lit)),
                 "on_lost" => on_lost_value(&value).map(|policy| on_lost = Some(policy)),
                 "hold_at_least" => duration(&value, "hold_at_least").map(|millis| {
                     hold_at_least = Some((millis, value.span(), duration_text(&value)))
@@ -160,7 +187,7 @@ impl RawArgs {
 
         // A missing key is only worth reporting when `key` was not given at all: a `key` with a
         // bad value already has its own error.
-        if key.is_none() && !seen.iter().any(|name| name == "key") {
+        if key.is_none() && !seen.iter().any(|name| name == "key" || name == "keys") {
             errors.push(syn::Error::new(
                 attribute,
                 "missing required argument `key`, e.g. `#[distributed_lock(key = \"stock:{id}\")]`",
@@ -180,12 +207,34 @@ impl RawArgs {
                 "`permits` makes a semaphore, which has no `mode = \"read\"`; remove one of them",
             ));
         }
+        if let (Some((_, span)), Some(_)) = (permits, &keys) {
+            errors.push(syn::Error::new(
+                span,
+                "`permits` makes a semaphore of one key; with `keys = [..]` remove one of them",
+            ));
+        }
+        if let Some(fair_lit) = &fair
+            && fair_lit.value
+            && (permits.is_some() || matches!(read, Some((true, _))))
+        {
+            errors.push(syn::Error::new(
+                fair_lit.span(),
+                "`fair = true` applies to exclusive locks, not to `mode = \"read\"` or `permits`; \
+                 remove one of them",
+            ));
+        }
         if let Some(error) = combine(errors) {
             return Err(error);
         }
-        match key {
-            Some(key) => Ok(Args {
-                key,
+        let (keys, multi) = match (key, keys) {
+            (Some(key), _) => (Some(vec![key]), false),
+            (None, keys) => (keys, true),
+        };
+        match keys {
+            Some(keys) => Ok(Args {
+                keys,
+                multi,
+                fair,
                 lease,
                 wait,
                 watchdog,
@@ -267,6 +316,8 @@ fn example(name: &str) -> &'static str {
         "hold_at_least" => "hold_at_least = \"30s\"",
         "mode" => "mode = \"read\"",
         "permits" => "permits = 8",
+        "keys" => "keys = [\"acct:{from}\", \"acct:{to}\"]",
+        "fair" => "fair = true",
         _ => "crate = \"dlock_runtime\"",
     }
 }
@@ -308,6 +359,45 @@ fn key_literal(value: &Expr) -> syn::Result<LitStr> {
     Err(syn::Error::new(value.span(), message))
 }
 
+/// `keys = ["..", ..]`: a non-empty array of string literals.
+fn key_list(value: &Expr) -> syn::Result<Vec<LitStr>> {
+    let Expr::Array(ExprArray { elems, .. }) = value else {
+        let hint = match literal(value) {
+            Some(Lit::Str(lit)) => format!(
+                "expected an array of string literals for `keys`; write `keys = [{:?}]`, or \
+                 `key = {:?}` for one key",
+                lit.value(),
+                lit.value()
+            ),
+            _ => "expected an array of string literals for `keys`, e.g. \
+                  `keys = [\"acct:{from}\", \"acct:{to}\"]`"
+                .to_owned(),
+        };
+        return Err(syn::Error::new(value.span(), hint));
+    };
+    if elems.is_empty() {
+        return Err(syn::Error::new(
+            value.span(),
+            "`keys` needs at least one key, e.g. `keys = [\"acct:{from}\", \"acct:{to}\"]`",
+        ));
+    }
+    let mut errors = Vec::new();
+    let mut keys = Vec::new();
+    for elem in elems {
+        match literal(&ungroup(elem.clone())) {
+            Some(Lit::Str(lit)) => keys.push(lit.clone()),
+            _ => errors.push(syn::Error::new(
+                elem.span(),
+                "expected a string literal in `keys`, e.g. `\"acct:{from}\"`",
+            )),
+        }
+    }
+    match combine(errors) {
+        Some(error) => Err(error),
+        None => Ok(keys),
+    }
+}
+
 fn duration(value: &Expr, name: &str) -> syn::Result<u64> {
     match literal(value) {
         Some(Lit::Str(lit)) => parse_millis(&lit.value())
@@ -329,22 +419,22 @@ fn duration(value: &Expr, name: &str) -> syn::Result<u64> {
     }
 }
 
-fn bool_literal(value: &Expr) -> syn::Result<LitBool> {
+fn bool_literal(value: &Expr, name: &str) -> syn::Result<LitBool> {
     match literal(value) {
         Some(Lit::Bool(lit)) => Ok(lit.clone()),
         Some(Lit::Str(lit)) if matches!(lit.value().as_str(), "true" | "false") => {
             Err(syn::Error::new(
                 lit.span(),
                 format!(
-                    "expected `true` or `false` for `watchdog`, found a string literal; write \
-                     `watchdog = {}` without quotes",
+                    "expected `true` or `false` for `{name}`, found a string literal; write \
+                     `{name} = {}` without quotes",
                     lit.value()
                 ),
             ))
         }
         _ => Err(syn::Error::new(
             value.span(),
-            "expected `true` or `false` for `watchdog`",
+            format!("expected `true` or `false` for `{name}`"),
         )),
     }
 }

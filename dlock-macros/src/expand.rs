@@ -17,6 +17,9 @@
 //! }
 //! ```
 //!
+//! With `keys = [..]` the local is a `Vec` of the formatted keys and the lock is
+//! `__private::lock_all(__dlock_key)`; `fair = true` adds `.fair(true)`.
+//!
 //! The key is formatted before the `async move` block takes the parameters. The unreachable
 //! `return` pins the block's output to the declared return type (with `impl Trait` erased to
 //! `_`), so `?` and `return` in the body infer exactly as they did before; the body itself is
@@ -33,7 +36,7 @@ use crate::args::{Args, OnLost};
 use crate::key::{KeyPart, Root};
 
 /// The guarded function.
-pub(crate) fn expand(func: &LockedFn, args: &Args, key: &[KeyPart]) -> TokenStream {
+pub(crate) fn expand(func: &LockedFn, args: &Args, keys: &[Vec<KeyPart>]) -> TokenStream {
     let LockedFn {
         attrs,
         vis,
@@ -59,7 +62,19 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, key: &[KeyPart]) -> TokenStre
 
     let key_local = Ident::new("__dlock_key", Span::mixed_site());
     let fake_return = Ident::new("__dlock_fake_return", Span::mixed_site());
-    let key = key_expression(key);
+    let key = match (args.multi, keys) {
+        (false, [key]) => key_expression(key),
+        _ => {
+            let keys = keys.iter().map(|key| key_expression(key));
+            quote!(::std::vec![#(#keys),*])
+        }
+    };
+    let lock = if args.multi {
+        quote!(lock_all)
+    } else {
+        quote!(lock)
+    };
+    let fair = args.fair.as_ref().map(|on| quote!(.fair(#on)));
     let lease = args.lease.map(|millis| {
         let millis = Literal::u64_unsuffixed(millis);
         quote!(.lease(#krate::__private::Duration::from_millis(#millis)))
@@ -79,7 +94,7 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, key: &[KeyPart]) -> TokenStre
             let permits = Literal::u32_unsuffixed(permits);
             quote!(#krate::__private::semaphore(#key_local, #permits))
         }
-        None => quote!(#krate::__private::lock(#key_local)),
+        None => quote!(#krate::__private::#lock(#key_local)),
     };
     let on_lost = match args.on_lost {
         OnLost::Cancel => quote!(Cancel),
@@ -116,7 +131,7 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, key: &[KeyPart]) -> TokenStre
     let mut run_args = Group::new(
         Delimiter::Parenthesis,
         quote! {
-            #builder #read #lease #wait #watchdog #hold_at_least,
+            #builder #read #lease #wait #watchdog #hold_at_least #fair,
             #krate::__private::OnLost::#on_lost,
             #body_future,
         },

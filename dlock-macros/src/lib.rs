@@ -90,7 +90,8 @@ use crate::key::Bindings;
 ///
 /// | argument   | value                               | default                       |
 /// |------------|-------------------------------------|-------------------------------|
-/// | `key`      | key template, e.g. `"stock:{id}"`   | required                      |
+/// | `key`      | key template, e.g. `"stock:{id}"`   | required (or `keys`)          |
+/// | `keys`     | array of key templates, e.g. `["acct:{from}", "acct:{to}"]` | instead of `key` |
 /// | `lease`    | duration, e.g. `"30s"`              | the runtime's `default_lease` (30 s) |
 /// | `wait`     | duration, e.g. `"1s"`, `"0s"`       | the runtime's `default_wait` (no waiting) |
 /// | `watchdog` | `true` or `false` (no quotes)       | `true`                        |
@@ -98,6 +99,7 @@ use crate::key::Bindings;
 /// | `hold_at_least` | duration, e.g. `"30s"`         | none: released at once        |
 /// | `mode`     | `"read"` or `"write"`               | `"write"` (an exclusive lock) |
 /// | `permits`  | whole number ≥ 1, e.g. `8`          | none: a lock, not a semaphore |
+/// | `fair`     | `true` or `false` (no quotes)       | `false`                       |
 /// | `crate`    | path of the runtime crate, e.g. `"dl"` | `"::dlock_runtime"`        |
 ///
 /// Arguments may come in any order; each may appear once. Everything is checked at compile
@@ -334,6 +336,42 @@ use crate::key::Bindings;
 /// }
 /// ```
 ///
+/// ## `keys`
+///
+/// Several keys at once, all or nothing: each template is formatted like `key`, and the set is
+/// taken in a canonical order (sorted, duplicates merged), so calls naming the same keys in
+/// opposite orders never deadlock; one `wait` covers the whole set, and when a key is still
+/// busy at its end the keys already taken are released. The body runs holding every key; the
+/// loss of any key's lease cancels it. `key` and `keys` cannot both be written; `keys` must
+/// hold at least one string literal.
+///
+/// ```no_run
+/// # use dlock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(keys = ["acct:{from}", "acct:{to}"], wait = "1s")]
+/// async fn transfer(from: u64, to: u64, amount: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Without the macro:
+///
+/// ```no_run
+/// # use dlock_runtime::LockError;
+/// # use std::time::Duration;
+/// async fn transfer(from: u64, to: u64, amount: u64) -> Result<(), LockError> {
+///     let keys = vec![format!("acct:{}", from), format!("acct:{}", to)];
+///     let lock = dlock_runtime::lock_all(keys).wait(Duration::from_secs(1));
+///     dlock_runtime::with_lock(lock, async move { Ok(()) }).await?
+/// }
+/// ```
+///
+/// ## `fair`
+///
+/// `fair = true` serves the waiters of the key in the order they started waiting, across
+/// processes (see `LockBuilder::fair` for each engine: a line of waiters on Redis, FIFO
+/// already on memory, etcd and ZooKeeper, refused on Redlock). Without the macro:
+/// `lock(key).fair(true)`.
+///
 /// ## `crate`
 ///
 /// The path of the runtime crate, for when it is renamed in `Cargo.toml`
@@ -413,7 +451,7 @@ use crate::key::Bindings;
 /// # Errors at compile time
 ///
 /// ```text
-/// error: unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `mode`, `permits`, `crate`
+/// error: unknown argument `ttl`; expected one of `key`, `keys`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `mode`, `permits`, `fair`, `crate`
 /// error: invalid duration "30x": expected a number followed by ms, s, m or h, e.g. "30s"
 /// error: key placeholder `{idd}` names no parameter of `buy`; did you mean `{id}`?
 /// error: `#[distributed_lock]` can only be used on an `async fn`; add `async` before `fn`
@@ -459,10 +497,17 @@ fn guard(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     };
 
     let mut errors = Vec::new();
-    let key = key::resolve(&args.key, &Bindings::of(&func.sig)).map_err(|error| errors.push(error));
+    let bindings = Bindings::of(&func.sig);
+    let keys: Result<Vec<_>, ()> = args
+        .keys
+        .iter()
+        .map(|key| key::resolve(key, &bindings).map_err(|error| errors.push(error)))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .collect();
     errors.extend(check_signature(&func));
-    match (combine(errors), key) {
-        (None, Ok(key)) => Ok(expand::expand(&func, &args, &key)),
+    match (combine(errors), keys) {
+        (None, Ok(keys)) => Ok(expand::expand(&func, &args, &keys)),
         (Some(error), _) => Err(error),
         // Unreachable: a failed `resolve` pushed its error, so `combine` returned `Some`.
         (None, Err(())) => Err(invalid_attribute()),

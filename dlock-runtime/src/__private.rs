@@ -34,6 +34,11 @@ pub fn semaphore(key: String, permits: u32) -> LockBuilder {
     crate::semaphore(key, permits)
 }
 
+/// A lock on every key of `keys` in the current runtime (the attribute's `keys = [..]`).
+pub fn lock_all(keys: Vec<String>) -> LockBuilder {
+    crate::lock_all(keys)
+}
+
 /// Runs the body of an annotated function under `lock` (see [`crate::with_lock`]).
 pub async fn run<R: LockResult, F: Future<Output = R>>(
     lock: LockBuilder,

@@ -9,14 +9,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::LockError;
-use crate::backend::{Attempt, Queued, Queueing};
+use crate::backend::{Attempt, Fairness, Queued, Queueing};
 use crate::core::{Core, ReleaseOnDrop};
 use crate::handoff::Head;
 use crate::held::{Held, Terms};
 use crate::wait::Ticket;
 
 /// Pause before a waiter retries after an engine error.
-const ERROR_RETRY: Duration = Duration::from_millis(100);
+pub(crate) const ERROR_RETRY: Duration = Duration::from_millis(100);
 
 /// How often a waiter without notifications (the engine refused the subscription) looks
 /// again, and asks for the subscription again.
@@ -29,7 +29,7 @@ pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// the engines' "runtime id") then 64 random bits. The Redis engine reads the prefix to tell a
 /// holder of the waiter's own runtime, whose release wakes the waiter without a message.
 /// The mode is appended as a tag (see [`Mode`](crate::backend::mode::Mode)).
-fn new_owner(core: &Core, terms: &Terms) -> String {
+pub(crate) fn new_owner(core: &Core, terms: &Terms) -> String {
     terms
         .mode
         .tag(format!("{:016x}{:016x}", core.id, rand::random::<u64>()))
@@ -57,7 +57,7 @@ async fn attempt(
 
 /// Runs one acquire request; if its answer never arrives (error, timeout, or the future is
 /// dropped), schedules an owner-checked release with the same token.
-async fn compensated<T>(
+pub(crate) async fn compensated<T>(
     core: &Arc<Core>,
     key: &str,
     owner: &str,
@@ -90,6 +90,14 @@ pub(crate) async fn acquire_fresh(
             waited: started.elapsed(),
         }
     };
+
+    // A fair lock waits in the engine's line where the engine keeps one for it.
+    if terms.fair && core.backend.fairness() == Fairness::Queue {
+        return Box::pin(crate::fair::acquire(
+            core, key, owner, terms, started, deadline,
+        ))
+        .await;
+    }
 
     // Engines with their own FIFO queue wait there (no local queue, no polling).
     let mut owner = owner;
@@ -262,7 +270,7 @@ async fn wait_in_queue(
 /// Asks for "may be free" notifications on `key`: `Some(true)` when they flow, `Some(false)`
 /// when the engine refused (the waiter then polls within its budget rather than failing), `None`
 /// when the deadline passed first.
-async fn watch(ticket: &Ticket, key: &str, deadline: Instant) -> Option<bool> {
+pub(crate) async fn watch(ticket: &Ticket, key: &str, deadline: Instant) -> Option<bool> {
     match tokio::time::timeout_at(deadline, ticket.ensure_watched()).await {
         Ok(Ok(())) => Some(true),
         Ok(Err(err)) => {

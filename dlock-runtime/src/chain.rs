@@ -29,6 +29,8 @@ pub(crate) struct Scope {
     id: u64,
     parent: Option<Arc<Frame>>,
     first: Option<Arc<Held>>,
+    /// The other fresh holds of a multi-key lock (canonical order after `first`).
+    more: Vec<Arc<Held>>,
     frame: std::cell::OnceCell<Arc<Frame>>,
 }
 
@@ -39,13 +41,30 @@ impl Scope {
             id,
             parent,
             first,
+            more: Vec::new(),
             frame: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The scope of a multi-key lock's body: every key it acquired fresh (canonical order).
+    pub(crate) fn with_holds(id: u64, parent: Option<Arc<Frame>>, holds: Vec<Arc<Held>>) -> Self {
+        let mut holds = holds.into_iter();
+        Self {
+            first: holds.next(),
+            more: holds.collect(),
+            ..Self::new(id, parent, None)
         }
     }
 
     fn frame(&self) -> Arc<Frame> {
         self.frame
-            .get_or_init(|| Frame::new(self.id, self.parent.clone(), self.first.clone()))
+            .get_or_init(|| {
+                let frame = Frame::new(self.id, self.parent.clone(), self.first.clone());
+                for held in &self.more {
+                    frame.push(held.clone());
+                }
+                frame
+            })
             .clone()
     }
 
@@ -55,7 +74,8 @@ impl Scope {
         if let Some(frame) = self.frame.get() {
             return frame.innermost_fence();
         }
-        match self.first.as_ref().filter(|h| h.is_held()) {
+        let innermost = self.more.iter().rev().chain(self.first.iter());
+        match innermost.into_iter().find(|h| h.is_held()) {
             Some(held) => Some(held.fence),
             None => self.parent.as_ref().and_then(|p| p.innermost_fence()),
         }
@@ -186,7 +206,10 @@ pub(crate) fn enter<F: Future>(
 
 /// The fencing token of the innermost lock held by this call chain, if any.
 ///
-/// Pass it to the storage you write under the lock so it can reject a stale holder.
+/// Pass it to the storage you write under the lock so it can reject a stale holder. In the
+/// body of a multi-key lock (`keys = [..]`, `with_lock(lock_all(..))`) it is the token of the
+/// last key, in canonical order, that the call acquired (not re-entered); the guard's
+/// [`fences`](crate::LockGuard::fences) gives every key's.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -24,11 +24,18 @@ use crate::held::Held;
 /// first (returned from the call chain, or moved to another task), it reports the lock lost
 /// from then on ([`is_lost`](LockGuard::is_lost), [`lost`](LockGuard::lost), and its
 /// `release` returns [`LockError::Lost`]) instead of keeping the key locked.
+///
+/// The guard of a multi-key lock ([`lock_all`](crate::lock_all)) holds every key of its set:
+/// [`key`](LockGuard::key) and [`fence`](LockGuard::fence) are the first key's (canonical
+/// order), [`keys`](LockGuard::keys) and [`fences`](LockGuard::fences) every key's; it counts
+/// as lost as soon as any key's lease is, and its release (or drop) releases every key.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     held: Arc<Held>,
     role: Role,
     active: bool,
+    /// The other keys of a multi-key lock, in canonical order (empty for one key).
+    more: Vec<LockGuard>,
 }
 
 /// How a guard came to hold its lock.
@@ -42,11 +49,15 @@ enum Role {
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockGuard")
-            .field("key", &self.held.key)
+        let mut f = f.debug_struct("LockGuard");
+        f.field("key", &self.held.key)
             .field("fence", &self.held.fence)
-            .field("lost", &self.held.lost.is_lost())
-            .finish()
+            .field("lost", &self.held.lost.is_lost());
+        if !self.more.is_empty() {
+            f.field("keys", &self.keys());
+            f.field("fences", &self.fences());
+        }
+        f.finish()
     }
 }
 
@@ -57,6 +68,7 @@ impl LockGuard {
             held,
             role: Role::First { frame },
             active: true,
+            more: Vec::new(),
         }
     }
 
@@ -66,7 +78,33 @@ impl LockGuard {
             held,
             role: Role::Reentrant { scope },
             active: true,
+            more: Vec::new(),
         }
+    }
+
+    /// One guard over the guards of every key of a multi-key lock, in canonical order (at
+    /// least one).
+    pub(crate) fn over(mut guards: Vec<LockGuard>) -> Option<Self> {
+        if guards.is_empty() {
+            return None;
+        }
+        let mut first = guards.remove(0);
+        first.more = guards;
+        Some(first)
+    }
+
+    /// The holds of every key (one for a one-key lock), in canonical order.
+    pub(crate) fn helds(&self) -> impl Iterator<Item = &Arc<Held>> {
+        std::iter::once(&self.held).chain(self.more.iter().map(|g| &g.held))
+    }
+
+    /// The holds this guard acquired from the engine (not re-entered), in canonical order.
+    pub(crate) fn fresh_helds(&self) -> Vec<Arc<Held>> {
+        std::iter::once(self)
+            .chain(self.more.iter())
+            .filter(|g| g.is_first())
+            .map(|g| g.held.clone())
+            .collect()
     }
 
     /// Whether this guard acquired from the engine (not a re-entry).
@@ -83,30 +121,65 @@ impl LockGuard {
         &self.held.key
     }
 
+    /// Every key this guard holds, in canonical order (sorted, without duplicates): one for a
+    /// plain lock, the whole set for a [`lock_all`](crate::lock_all).
+    pub fn keys(&self) -> Vec<&str> {
+        self.helds().map(|h| h.key.as_str()).collect()
+    }
+
     /// The fencing token: greater than the token of every earlier holder of this key. Give it
     /// to the storage you write to, so that it can reject a stale holder. Reentrant guards
     /// carry the outer token. `None` only where the engine cannot guarantee the order.
+    ///
+    /// For a multi-key lock, the token of the first key in canonical order (the one
+    /// [`key`](LockGuard::key) names); [`fences`](LockGuard::fences) gives every key's.
     pub fn fence(&self) -> Option<u64> {
         self.held.fence
+    }
+
+    /// The fencing token of every key, in the order of [`keys`](LockGuard::keys): each
+    /// greater than the tokens of every earlier holder of that key. One entry for a plain
+    /// lock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// # let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+    /// let guard = rt.lock_all(["b", "a", "b"]).acquire().await?;
+    /// assert_eq!(guard.keys(), ["a", "b"]);
+    /// let fences = guard.fences();
+    /// assert_eq!(fences[0], guard.fence());
+    /// # Ok(()) }
+    /// ```
+    pub fn fences(&self) -> Vec<Option<u64>> {
+        self.helds().map(|h| h.fence).collect()
     }
 
     /// Resolves when the lease is known lost: the engine says the lock is no longer ours, or
     /// the lease ran out on the local clock without a confirmed renewal (with
     /// `watchdog(false)`: when the lease ends). Never resolves while the lock is safely held.
+    /// For a multi-key lock: when the lease of any of its keys is.
     pub async fn lost(&self) {
-        self.held.lost.wait().await;
+        if self.more.is_empty() {
+            return self.held.lost.wait().await;
+        }
+        crate::multi::any_lost(self.helds().map(|h| &*h.lost)).await;
     }
 
     /// How long the lock stays ours if no renewal succeeds from now on: the confirmed
     /// validity of the lease (for Redlock, the lease minus the time the acquisition took and
-    /// the clock-drift allowance). Zero once lost.
+    /// the clock-drift allowance). Zero once lost. For a multi-key lock, the shortest of its
+    /// keys'.
     pub fn valid_for(&self) -> Duration {
-        self.held.lost.valid_for()
+        self.helds()
+            .map(|h| h.lost.valid_for())
+            .min()
+            .unwrap_or_default()
     }
 
-    /// Whether the lease is known lost.
+    /// Whether the lease is known lost (for a multi-key lock: the lease of any of its keys).
     pub fn is_lost(&self) -> bool {
-        self.held.lost.is_lost()
+        self.helds().any(|h| h.lost.is_lost())
     }
 
     /// Releases this hold and waits for the engine's answer.
@@ -114,7 +187,28 @@ impl LockGuard {
     /// Errors: [`LockError::Lost`] when the lease had been lost (the engine no longer had the
     /// lock as ours); [`LockError::Backend`] when the engine did not answer (the lock then
     /// expires with its lease).
+    ///
+    /// A multi-key guard releases every key at once, all of them even when one fails, and
+    /// answers the first error in canonical order.
     pub async fn release(mut self) -> Result<(), LockError> {
+        let more = std::mem::take(&mut self.more);
+        if more.is_empty() {
+            return self.release_one().await;
+        }
+        // Every key at once (their requests share the engine's connection).
+        let releases = std::iter::once(self)
+            .chain(more)
+            .map(|guard| Box::pin(guard.release_one()))
+            .collect();
+        crate::multi::join_all(releases)
+            .await
+            .into_iter()
+            .find(Result::is_err)
+            .unwrap_or(Ok(()))
+    }
+
+    /// [`release`](LockGuard::release) of this guard's own key.
+    async fn release_one(mut self) -> Result<(), LockError> {
         self.active = false;
         let held = self.held.clone();
         let exit = self.leave();

@@ -87,8 +87,9 @@ impl Slot {
 /// the same terms. `true` when passed: the caller must neither release it in the engine nor
 /// stop its renewals.
 pub(crate) fn pass(held: &Held) -> bool {
-    // Readers and permit holders share their key: theirs is not the key to hand over.
-    if held.terms.mode.is_shared() {
+    // Readers and permit holders share their key: theirs is not the key to hand over. A fair
+    // lock goes to the first in line across processes, whoever that is.
+    if held.terms.mode.is_shared() || held.terms.fair {
         return false;
     }
     // A hold that keeps its key (`hold_at_least`) keeps it from every other holder.

@@ -71,6 +71,8 @@ pub(crate) struct Terms {
     pub(crate) hold: Duration,
     /// Exclusive (write), read, or a semaphore permit.
     pub(crate) mode: crate::backend::mode::Mode,
+    /// A fair lock (`fair(true)`): never handed to a local waiter out of turn.
+    pub(crate) fair: bool,
 }
 
 impl Held {

@@ -23,6 +23,7 @@ mod duration;
 mod engines;
 mod error;
 mod events;
+mod fair;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod fenced;
@@ -33,6 +34,7 @@ mod inspect;
 mod last_resort;
 mod lock;
 mod lost;
+mod multi;
 mod runtime;
 mod wait;
 mod watchdog;
@@ -53,7 +55,8 @@ pub use core::MAX_LEASE;
 pub use dlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
 pub use events::{EVENT_BUFFER, LockEvent};
+pub use fair::FAIR_PLACE;
 pub use guard::LockGuard;
 pub use inspect::LockInfo;
-pub use lock::{LockBuilder, MAX_KEY_LEN, OnLost, lock, semaphore, with_lock};
+pub use lock::{LockBuilder, MAX_KEY_LEN, OnLost, lock, lock_all, semaphore, with_lock};
 pub use runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Runtime};

@@ -10,6 +10,7 @@ use tracing::Instrument;
 
 use crate::LockError;
 use crate::acquire::{FOREVER, acquire_fresh};
+use crate::backend::Fairness;
 use crate::backend::mode::Mode;
 use crate::chain::{Frame, Scope, current_frame, enter};
 use crate::core::{Core, validate_lease};
@@ -38,19 +39,25 @@ pub enum OnLost {
 /// | [`on_lost`](LockBuilder::on_lost) | [`OnLost::Cancel`] | policy of [`with_lock`] when the lease is lost |
 /// | [`hold_at_least`](LockBuilder::hold_at_least) | zero | the key stays taken at least this long after acquisition |
 /// | [`read`](LockBuilder::read) | write | a read lock: shared with other readers, excluded by a writer |
+/// | [`fair`](LockBuilder::fair) | `false` | waiters are served in the order they arrived, across processes |
 ///
 /// [`Runtime::semaphore`](crate::Runtime::semaphore) makes a builder for one permit of a
-/// semaphore instead.
+/// semaphore instead. Made by [`lock_all`] or [`Runtime::lock_all`](crate::Runtime::lock_all), it takes several
+/// keys, all or nothing (see [`lock_all`]).
 #[must_use = "a lock builder does nothing until `.acquire().await` or `with_lock`"]
 pub struct LockBuilder {
     rt: Option<Arc<Core>>,
     key: String,
-    lease: Option<Duration>,
-    wait: Option<Duration>,
-    watchdog: bool,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) watchdog: bool,
     on_lost: OnLost,
-    hold_at_least: Duration,
-    mode: Mode,
+    pub(crate) hold_at_least: Duration,
+    pub(crate) mode: Mode,
+    pub(crate) fair: bool,
+    /// Made by `lock_all`: every key in canonical order (sorted, without duplicates); `key` is
+    /// the first. `None` for a one-key lock.
+    keys: Option<Vec<String>>,
 }
 
 impl fmt::Debug for LockBuilder {
@@ -63,6 +70,8 @@ impl fmt::Debug for LockBuilder {
             .field("on_lost", &self.on_lost)
             .field("hold_at_least", &self.hold_at_least)
             .field("mode", &self.mode)
+            .field("fair", &self.fair)
+            .field("keys", &self.keys)
             .finish()
     }
 }
@@ -119,6 +128,8 @@ impl LockBuilder {
             on_lost: OnLost::Cancel,
             hold_at_least: Duration::ZERO,
             mode: Mode::Exclusive,
+            fair: false,
+            keys: None,
         }
     }
 
@@ -157,6 +168,34 @@ impl LockBuilder {
     pub fn read(mut self) -> Self {
         self.mode = Mode::Read;
         self
+    }
+
+    /// A lock on every key of `keys` (see [`lock_all`]), in canonical order.
+    pub(crate) fn all(
+        rt: Option<Arc<Core>>,
+        keys: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        let keys = crate::multi::canonical(keys);
+        let first = keys.first().cloned().unwrap_or_default();
+        Self {
+            keys: Some(keys),
+            ..Self::new(rt, first)
+        }
+    }
+
+    /// The same lock options on the one key `key` (one key of a multi-key lock).
+    pub(crate) fn one(&self, core: &Arc<Core>, key: String) -> Self {
+        Self {
+            rt: Some(core.clone()),
+            key,
+            keys: None,
+            ..*self
+        }
+    }
+
+    /// The keys of a multi-key lock (canonical order), `None` for a one-key lock.
+    pub(crate) fn multi(&self) -> Option<&[String]> {
+        self.keys.as_deref()
     }
 
     /// The TTL written to the engine. With the watchdog on (default) it is renewed every
@@ -227,7 +266,49 @@ impl LockBuilder {
         self
     }
 
-    /// The key.
+    /// Serves waiters strictly in the order they started waiting, across processes (a fair
+    /// lock, Redisson's `getFairLock`). Without it (default) a release goes to whichever
+    /// waiter gets there first, which is faster under contention but lets one process keep
+    /// winning.
+    ///
+    /// | engine | `fair(true)` |
+    /// |---|---|
+    /// | memory | FIFO by default (the runtime's queue): accepted, nothing changes |
+    /// | Redis, Redis Cluster | a queue of waiters in Redis: a list of owners and a sorted set of the deadlines of their places (`<prefix>{<key>}:queue`, `:places`) |
+    /// | etcd, ZooKeeper | FIFO by default (the engine's own queue): accepted, nothing changes |
+    /// | Redlock | [`LockError::InvalidConfig`] at [`acquire`](LockBuilder::acquire): independent masters keep no common queue |
+    ///
+    /// On Redis each waiter takes its place in line when it first finds the key busy and
+    /// refreshes it (a heartbeat) while it waits; its place lasts
+    /// [`FAIR_PLACE`](crate::FAIR_PLACE) (or its lease, if shorter) past each heartbeat, so a
+    /// waiter whose process died stops blocking the line at most that long later. A waiter
+    /// whose `wait` runs out leaves the line at once; one that is cancelled (its future
+    /// dropped) leaves it from a background task. When the lock is
+    /// released the waiters are notified (pub/sub) and the first in line takes it; within a
+    /// process, a release is not handed to a local waiter out of turn (no hand-off for fair
+    /// locks). Every user of a key must agree: a plain acquisition of a key does not look at
+    /// its line.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// # let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+    /// use std::time::Duration;
+    /// let guard = rt
+    ///     .lock("printer")
+    ///     .fair(true)
+    ///     .wait(Duration::from_secs(5))
+    ///     .acquire()
+    ///     .await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// The key (of a multi-key lock: the first in canonical order).
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -259,7 +340,7 @@ impl LockBuilder {
     /// Runs in the span `dlock.acquire` (fields `key`, `engine`, then `fence` and `waited_ms`
     /// once acquired), and reports the outcome of a fresh acquisition to the runtime's
     /// [`Observer`](crate::events::Observer); a re-entry is not an acquisition.
-    async fn acquire_in(
+    pub(crate) async fn acquire_in(
         mut self,
         frame: Option<&Arc<Frame>>,
         scope: Option<u64>,
@@ -268,6 +349,9 @@ impl LockBuilder {
             Some(core) => core,
             None => crate::core::current()?,
         };
+        if self.keys.is_some() {
+            return Box::pin(crate::multi::acquire(self, &core, frame, scope)).await;
+        }
         let span = tracing::info_span!(
             "dlock.acquire",
             key = %self.key,
@@ -308,13 +392,7 @@ impl LockBuilder {
         scope: Option<u64>,
         started: Instant,
     ) -> Result<LockGuard, LockError> {
-        validate_key(&self.key)?;
-        let lease = self.lease.unwrap_or(core.default_lease);
-        validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
-        core.backend.lease_margin(lease)?;
-        validate_hold(self.hold_at_least, lease, &self.key)?;
-        validate_mode(self.mode, self.hold_at_least, &self.key)?;
-        core.backend.check_mode(&self.key, self.mode)?;
+        let lease = self.checked_lease(core)?;
         let wait = self.wait.unwrap_or(core.default_wait);
         let deadline = started + wait.min(FOREVER);
 
@@ -336,6 +414,7 @@ impl LockBuilder {
             frame: user,
             hold: self.hold_at_least,
             mode: self.mode,
+            fair: self.fair,
         };
         let held = acquire_fresh(core, self.key, terms, wait).await?;
         // A scoped acquisition's frame is made around the hold by the caller.
@@ -347,6 +426,78 @@ impl LockBuilder {
             frame.push(held.clone());
         }
         Ok(LockGuard::first(held, frame))
+    }
+}
+
+/// A lock on every key of `keys` at once, in the current runtime: all or nothing.
+///
+/// The keys are taken in a canonical order (sorted, duplicates merged), so two calls that name
+/// the same keys in opposite orders never deadlock: both take the first key of the order
+/// first. One `wait` budget covers the whole set; if a key is still busy at the deadline, the
+/// keys already taken are released and the call returns [`LockError::Timeout`] naming that
+/// key. On Redis (one server, or Cluster keys that share a hash slot) a first attempt takes
+/// every key in one script, atomically, when they are all free; otherwise, and on the other
+/// engines, the keys are taken one by one in canonical order (each a Redlock on Redlock).
+///
+/// The guard covers every key: [`LockGuard::release`], `Drop`, a panic or a cancellation
+/// release them all; the watchdog renews each; the loss of any key's lease is the loss of the
+/// guard ([`LockGuard::lost`], and `with_lock`/the attribute cancel the body).
+/// [`LockGuard::fence`] is the first key's token (canonical order), [`LockGuard::fences`]
+/// gives every key's.
+///
+/// Reentrancy: each key the current call chain already holds is re-entered (its hold count
+/// grows, its fence stays), the others are acquired fresh, in canonical order. A chain that
+/// holds one key and then asks for a set with a key ordered before it waits for that key while
+/// holding the later one: take a set in one call rather than key by key to stay deadlock-free.
+/// An empty set is [`LockError::InvalidConfig`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// # let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+/// # rt.scope(async {
+/// use std::time::Duration;
+/// let both = dlock_runtime::lock_all(["acct:2", "acct:1"])
+///     .wait(Duration::from_millis(500))
+///     .acquire()
+///     .await?;
+/// assert_eq!(both.keys(), ["acct:1", "acct:2"]);
+/// assert_eq!(both.fences().len(), 2);
+/// // ... move money from one account to the other ...
+/// both.release().await?;
+/// # Ok::<(), dlock_runtime::LockError>(()) }).await?;
+/// # Ok(()) }
+/// ```
+pub fn lock_all(keys: impl IntoIterator<Item = impl Into<String>>) -> LockBuilder {
+    LockBuilder::all(None, keys)
+}
+
+impl LockBuilder {
+    /// The lease, after the checks of key, lease and `hold_at_least` every acquisition makes
+    /// before any I/O.
+    pub(crate) fn checked_lease(&self, core: &Core) -> Result<Duration, LockError> {
+        validate_key(&self.key)?;
+        let lease = self.lease.unwrap_or(core.default_lease);
+        validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
+        core.backend.lease_margin(lease)?;
+        validate_hold(self.hold_at_least, lease, &self.key)?;
+        validate_mode(self.mode, self.hold_at_least, &self.key)?;
+        core.backend.check_mode(&self.key, self.mode)?;
+        if self.fair && self.mode.is_shared() {
+            return Err(LockError::config(format!(
+                "fair applies to exclusive locks: lock `{}` is a read lock or a semaphore \
+                 permit (use fair(false))",
+                self.key
+            )));
+        }
+        if self.fair && core.backend.fairness() == Fairness::Unsupported {
+            return Err(LockError::config(format!(
+                "fair locks are not available on {}: its independent masters keep no common \
+                 line of waiters (lock `{}`); use fair(false), or Redis, etcd or ZooKeeper",
+                core.engine, self.key
+            )));
+        }
+        Ok(lease)
     }
 }
 
@@ -503,7 +654,13 @@ pub(crate) async fn protected<T>(
     let on_lost = lock.on_lost;
     let parent = current_frame();
     let scope = Frame::next_id();
+    let multi = lock.multi().is_some();
     let guard = lock.acquire_in(parent.as_ref(), Some(scope)).await?;
+    if multi {
+        // Boxed: the body is stored once in this future (a nested body inside it, again),
+        // not once per way of running it.
+        return protected_all(guard, on_lost, parent, scope, Box::pin(fut)).await;
+    }
     let first = guard.is_first();
     let fresh = first.then(|| guard.held().clone());
     // The body runs in the span `dlock.held` (a sibling of `dlock.acquire`, which has ended).
@@ -525,6 +682,47 @@ pub(crate) async fn protected<T>(
                 });
             }
         },
+        OnLost::Ignore => fut.await,
+    };
+    match guard.release().await {
+        Ok(()) => Ok(out),
+        Err(LockError::Lost { key }) if on_lost == OnLost::Cancel => Err(LockError::Lost { key }),
+        Err(err) => {
+            tracing::warn!(error = %err, "release after the protected code failed");
+            Ok(out)
+        }
+    }
+}
+
+/// [`protected`] for a multi-key lock: the body runs in a frame holding every key taken fresh,
+/// and under [`OnLost::Cancel`] ends when any key's lease is lost.
+async fn protected_all<T>(
+    guard: LockGuard,
+    on_lost: OnLost,
+    parent: Option<Arc<Frame>>,
+    scope: u64,
+    fut: impl Future<Output = T>,
+) -> Result<T, LockError> {
+    let held_span = tracing::info_span!(
+        "dlock.held",
+        key = %guard.key(),
+        engine = guard.held().core.engine,
+        fence = guard.fence(),
+    );
+    let fut =
+        enter(Scope::with_holds(scope, parent, guard.fresh_helds()), fut).instrument(held_span);
+    let out = match on_lost {
+        OnLost::Cancel => {
+            let signals: Vec<_> = guard.helds().map(|h| h.lost.clone()).collect();
+            match crate::multi::run_unless_any_lost(&signals, fut).await {
+                Some(out) => out,
+                None => {
+                    let lost = guard.helds().find(|h| h.lost.is_lost());
+                    let key = lost.unwrap_or(guard.held()).key.clone();
+                    return Err(LockError::Lost { key });
+                }
+            }
+        }
         OnLost::Ignore => fut.await,
     };
     match guard.release().await {

@@ -92,7 +92,7 @@ impl LostSignal {
     /// Whether the confirmed validity has run out on the local clock, although the watchdog
     /// has not said so yet (it runs as a task of its own: after the process was stopped, or
     /// under load, it may not have run since).
-    fn expired(&self) -> bool {
+    pub(crate) fn expired(&self) -> bool {
         let until = self.base + Duration::from_nanos(self.valid_nanos.load(Ordering::Acquire));
         Instant::now() >= until
     }

@@ -167,6 +167,23 @@ impl Runtime {
         LockBuilder::permit(Some(self.core.clone()), key.into(), permits)
     }
 
+    /// A lock on every key of `keys` in this runtime, all or nothing, deadlock-free (see
+    /// [`lock_all`](crate::lock_all)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// let rt = dlock_runtime::Runtime::from_url("memory://").await?;
+    /// let transfer = rt.lock_all(["acct:1", "acct:2"]).acquire().await?;
+    /// // Opposite order, same set: the same lock, busy.
+    /// assert!(rt.lock_all(["acct:2", "acct:1"]).acquire().await.unwrap_err().is_timeout());
+    /// transfer.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_all(&self, keys: impl IntoIterator<Item = impl Into<String>>) -> LockBuilder {
+        LockBuilder::all(Some(self.core.clone()), keys)
+    }
+
     /// Deletes the lock on `key` whoever holds it and wakes its waiters; `true` when it was
     /// held. A read lock or a semaphore loses every holder at once (all its readers, all its
     /// permits); on etcd and ZooKeeper the waiters queued behind the holders keep their places.

@@ -14,6 +14,14 @@ pub fn redis_names(prefix: &str, key: &str) -> [String; 3] {
     [names.lock(key), names.fence(key), names.channel(key)]
 }
 
+/// The Redis names of a fair lock's line for `key` under `prefix`: the queue of waiters and
+/// the deadlines of their places.
+#[cfg(feature = "redis")]
+pub fn redis_fair_names(prefix: &str, key: &str) -> [String; 2] {
+    let names = crate::backend::redis::Names::new(prefix);
+    [names.fair_queue(key), names.fair_places(key)]
+}
+
 /// A user key as the one ZooKeeper path segment the engine stores it under.
 #[cfg(feature = "zookeeper")]
 pub fn zookeeper_segment(key: &str) -> String {

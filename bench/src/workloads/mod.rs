@@ -6,6 +6,7 @@ mod cp;
 pub(crate) mod distinct_keys;
 pub(crate) mod fan_out;
 pub(crate) mod hot_key;
+pub(crate) mod multi_key;
 pub(crate) mod peer;
 pub(crate) mod primitives;
 pub(crate) mod sequential;

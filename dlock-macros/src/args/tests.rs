@@ -23,7 +23,9 @@ fn all_arguments() {
     )
     .unwrap();
     assert_eq!(args.hold_at_least, Some(10_000));
-    assert_eq!(args.key.value(), "stock:{id}");
+    assert_eq!(args.keys.len(), 1);
+    assert_eq!(args.keys[0].value(), "stock:{id}");
+    assert!(!args.multi);
     assert_eq!(args.lease, Some(30_000));
     assert_eq!(args.wait, Some(250));
     assert!(!args.watchdog.unwrap().value);
@@ -69,7 +71,7 @@ fn unknown_and_duplicate_arguments() {
     assert_eq!(
         errors(r#"key = "k", ttl = "30s""#),
         [
-            "unknown argument `ttl`; expected one of `key`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `mode`, `permits`, `crate`"
+            "unknown argument `ttl`; expected one of `key`, `keys`, `lease`, `wait`, `watchdog`, `on_lost`, `hold_at_least`, `mode`, `permits`, `fair`, `crate`"
         ]
     );
     assert_eq!(
@@ -169,6 +171,51 @@ fn hold_at_least_is_at_most_the_lease() {
         errors(r#"key = "job", hold_at_least = 30"#),
         [
             "expected a string literal with a unit for `hold_at_least`, e.g. `hold_at_least = \"30s\"`"
+        ]
+    );
+}
+
+#[test]
+fn keys_and_fair() {
+    let args = validate(r#"keys = ["acct:{from}", "acct:{to}"], fair = true"#).unwrap();
+    let keys: Vec<String> = args.keys.iter().map(|k| k.value()).collect();
+    assert_eq!(keys, ["acct:{from}", "acct:{to}"]);
+    assert!(args.multi);
+    assert!(args.fair.unwrap().value);
+    let one = validate(r#"keys = ["a"]"#).unwrap();
+    assert!(one.multi, "keys with one key is still a multi-key lock");
+}
+
+#[test]
+fn keys_mistakes() {
+    assert_eq!(
+        errors(r#"key = "a", keys = ["b"]"#),
+        [
+            "`key` and `keys` cannot be used together; `key` is already given: use `keys = [..]` \
+          alone for several keys, e.g. `keys = [\"acct:{from}\", \"acct:{to}\"]`"
+        ]
+    );
+    assert_eq!(
+        errors(r#"keys = []"#),
+        ["`keys` needs at least one key, e.g. `keys = [\"acct:{from}\", \"acct:{to}\"]`"]
+    );
+    assert_eq!(
+        errors(r#"keys = ["a", 1, b]"#),
+        [
+            "expected a string literal in `keys`, e.g. `\"acct:{from}\"`",
+            "expected a string literal in `keys`, e.g. `\"acct:{from}\"`"
+        ]
+    );
+    assert_eq!(
+        errors(r#"keys = "a""#),
+        [
+            "expected an array of string literals for `keys`; write `keys = [\"a\"]`, or `key = \"a\"` for one key"
+        ]
+    );
+    assert_eq!(
+        errors(r#"key = "a", fair = "true""#),
+        [
+            "expected `true` or `false` for `fair`, found a string literal; write `fair = true` without quotes"
         ]
     );
 }

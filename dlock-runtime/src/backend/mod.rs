@@ -47,6 +47,38 @@ pub(crate) enum Attempt {
     Busy { ttl: Option<Duration> },
 }
 
+/// The answer to one attempt at several keys at once ([`Backend::try_acquire_all`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    not(feature = "redis"),
+    allow(
+        dead_code,
+        reason = "made by the Redis engine, which takes several keys in one script"
+    )
+)]
+pub(crate) enum AttemptAll {
+    /// Every key is ours; one fence per key, in the order asked.
+    Acquired { fences: Vec<Option<u64>> },
+    /// The key at `index` is held by somebody else (`ttl`: its holder's remaining lease when
+    /// known); none of the keys was taken.
+    Busy { index: usize, ttl: Option<Duration> },
+}
+
+/// How an engine orders the waiters of one key ([`Backend::fairness`]), which decides what a
+/// fair lock (`fair(true)`) does there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fairness {
+    /// Waiters are served in arrival order already (memory: the runtime's local FIFO queue;
+    /// etcd and ZooKeeper: their own queues): a fair lock is an ordinary one.
+    Native,
+    /// The engine keeps a queue of waiters for fair locks on request:
+    /// [`Backend::try_acquire_fair`] (Redis, Redis Cluster).
+    Queue,
+    /// The engine cannot order waiters (Redlock: independent masters): a fair lock is
+    /// [`LockError::InvalidConfig`].
+    Unsupported,
+}
+
 /// What a queued acquisition ([`Backend::acquire_queued`]) asks for, besides key and owner.
 #[derive(Debug, Clone, Copy)]
 #[cfg_attr(
@@ -368,6 +400,60 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Ok(Duration::ZERO)
     }
 
+    /// Whether [`Backend::try_acquire_all`] can take `keys` in one atomic step (Redis: one
+    /// server, or one Cluster hash slot). Default: no; the runtime then takes them one by one.
+    fn acquires_all_at_once(&self, _keys: &[String]) -> bool {
+        false
+    }
+
+    /// One attempt at every key of `keys` for `owner`, atomically: all taken, or none (called
+    /// only when [`Backend::acquires_all_at_once`] said yes for these keys).
+    fn try_acquire_all(
+        &self,
+        keys: &[String],
+        _owner: &str,
+        _lease: Duration,
+    ) -> impl Future<Output = Result<AttemptAll, LockError>> + Send {
+        let err = LockError::backend(
+            keys.first().map(String::as_str),
+            "this engine cannot take several keys at once",
+            None,
+        );
+        async move { Err(err) }
+    }
+
+    /// How the engine orders waiters, for fair locks (default: in arrival order already).
+    fn fairness(&self) -> Fairness {
+        Fairness::Native
+    }
+
+    /// A fair lock's attempt (called only when [`Backend::fairness`] is
+    /// [`Fairness::Queue`]): acquires only when `owner` is first in the key's queue of
+    /// waiters (or the queue is empty); else joins the queue, or refreshes its place there,
+    /// which lasts `place` past this call (a zero `place`: a try that does not join), and
+    /// answers `Busy` with how long to wait before the next attempt (the holder's remaining
+    /// lease, or when a waiter ahead loses its place).
+    fn try_acquire_fair(
+        &self,
+        key: &str,
+        _owner: &str,
+        _lease: Duration,
+        _place: Duration,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send {
+        let err = LockError::backend(Some(key), "this engine has no queue for fair locks", None);
+        async move { Err(err) }
+    }
+
+    /// Takes `owner` out of the fair queue of `key` (a waiter that gave up), waking the next
+    /// one if that frees the head of the line.
+    fn leave_fair_queue(
+        &self,
+        _key: &str,
+        _owner: &str,
+    ) -> impl Future<Output = Result<(), LockError>> + Send {
+        async { Ok(()) }
+    }
+
     /// How many consecutive fencing tokens one acquisition reserves, from the one it answers
     /// (`Attempt::Acquired::fence`) up. Above 1, the runtime may hand a held lock to another
     /// waiter of its own, with the next token, without a round trip (see `handoff.rs`).
@@ -443,6 +529,26 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         ask: Queueing,
     ) -> Option<BoxFuture<'a, Result<Queued, LockError>>>;
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError>;
+    /// `None` when the engine cannot take these keys in one atomic step.
+    fn try_acquire_all<'a>(
+        &'a self,
+        keys: &'a [String],
+        owner: &'a str,
+        lease: Duration,
+    ) -> Option<BoxFuture<'a, Result<AttemptAll, LockError>>>;
+    fn fairness(&self) -> Fairness;
+    fn try_acquire_fair<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+        place: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
+    fn leave_fair_queue<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>>;
     fn fence_block(&self) -> u64;
     fn renew_partition(&self, key: &str) -> u16;
     fn renew_batch_limit(&self) -> usize;
@@ -543,6 +649,40 @@ impl<B: Backend> DynBackend for B {
 
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
         Backend::lease_margin(self, lease)
+    }
+
+    fn try_acquire_all<'a>(
+        &'a self,
+        keys: &'a [String],
+        owner: &'a str,
+        lease: Duration,
+    ) -> Option<BoxFuture<'a, Result<AttemptAll, LockError>>> {
+        if !self.acquires_all_at_once(keys) {
+            return None;
+        }
+        Some(Box::pin(Backend::try_acquire_all(self, keys, owner, lease)))
+    }
+
+    fn fairness(&self) -> Fairness {
+        Backend::fairness(self)
+    }
+
+    fn try_acquire_fair<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        lease: Duration,
+        place: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(Backend::try_acquire_fair(self, key, owner, lease, place))
+    }
+
+    fn leave_fair_queue<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(Backend::leave_fair_queue(self, key, owner))
     }
 
     fn fence_block(&self) -> u64 {

@@ -12,9 +12,10 @@
 //!     `#[distributed_lock(key = "{key}", lease = "30s", wait = "60s")]`, run on the runtime for
 //!     URL installed as the process default. Prints "done N" at the end.
 //! dlock-holder --url URL --key KEY --mode hold --lease-ms L [--watchdog false]
-//!     [--report-ms R]
-//!     Acquires KEY with lease L, prints "acquired <fence>" ("acquired none" without a fence)
-//!     and holds it until killed; prints "lost" and exits 3 if the lease is lost. With R, also
+//!     [--report-ms R] [--fair true] [--wait-ms W]
+//!     Acquires KEY with lease L (a fair lock with `--fair true`, waiting up to W ms, default
+//!     30 s), prints "acquired <fence>" ("acquired none" without a fence) and holds it until
+//!     killed; prints "lost" and exits 3 if the lease is lost. With R, also
 //!     prints "valid <ms> <unix ms>" every R ms: the guard's `valid_for()` and the wall clock.
 //!     With `--permits P`, holds one permit of the semaphore KEY of P instead; with `--read`,
 //!     a read lock.
@@ -45,6 +46,8 @@ enum Mode {
         report: Option<Duration>,
         permits: Option<u32>,
         read: bool,
+        fair: bool,
+        wait: Duration,
     },
 }
 
@@ -69,6 +72,8 @@ fn parse_args() -> Result<Args, BoxError> {
     let mut report = None;
     let mut permits = None;
     let mut read = false;
+    let mut fair = false;
+    let mut wait_ms = 30_000u64;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -84,6 +89,8 @@ fn parse_args() -> Result<Args, BoxError> {
             "--permits" => permits = Some(value()?.parse()?),
             "--read" => read = true,
             "--report-ms" => report = Some(Duration::from_millis(value()?.parse()?)),
+            "--fair" => fair = value()?.parse()?,
+            "--wait-ms" => wait_ms = value()?.parse()?,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -105,6 +112,8 @@ fn parse_args() -> Result<Args, BoxError> {
             report,
             permits,
             read,
+            fair,
+            wait: Duration::from_millis(wait_ms),
         },
         other => {
             return Err(
@@ -171,6 +180,8 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
             report,
             permits,
             read,
+            fair,
+            wait,
         } => {
             let builder = match permits {
                 Some(permits) => rt.semaphore(args.key.as_str(), permits),
@@ -180,7 +191,8 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
             let guard = builder
                 .lease(lease)
                 .watchdog(watchdog)
-                .wait(Duration::from_secs(30))
+                .fair(fair)
+                .wait(wait)
                 .acquire()
                 .await?;
             match guard.fence() {

@@ -19,12 +19,14 @@ mod config;
 mod events;
 mod exclusion;
 mod exit_paths;
+mod fair;
 mod faults;
 mod fencing;
 mod fixture;
 mod hold;
 mod inspect;
 mod lease;
+mod multi;
 mod reentrancy;
 mod shared;
 mod support;
@@ -84,7 +86,16 @@ conformance!(
     inspect::waiters_are_not_holders,
     inspect::reservations_and_foreign_values_are_not_holders,
     hold::a_short_run_keeps_the_key_until_hold_at_least,
-    hold::a_run_longer_than_hold_at_least_releases_at_once;
+    hold::a_run_longer_than_hold_at_least_releases_at_once,
+    multi::opposite_orders_never_deadlock,
+    multi::a_set_with_one_busy_key_takes_none_of_them,
+    multi::one_guard_covers_every_key,
+    multi::losing_one_key_loses_the_set,
+    multi::a_set_reenters_the_keys_its_chain_holds,
+    multi::the_watchdog_renews_every_key_of_a_set,
+    fair::fair_waiters_acquire_in_the_order_they_queued,
+    fair::a_dead_waiter_does_not_block_the_line,
+    fair::a_waiter_that_gives_up_leaves_the_line;
 
     // The memory engine lives inside its runtime: it cannot be killed or restarted while the
     // runtime holds a lock (a process crash takes the holder with it), so the engine-down

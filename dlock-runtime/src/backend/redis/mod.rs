@@ -16,8 +16,10 @@
 mod acl;
 mod cluster;
 pub(crate) mod config;
+mod fair;
 mod inspect;
 mod link;
+mod multi;
 mod names;
 mod push;
 pub(crate) mod script;
@@ -32,13 +34,15 @@ use self::cluster::ClusterLink;
 use self::link::Link;
 use self::script::{FENCE_FLOOR_MIN, Scripts, decode_acquire, millis_ceil};
 use super::mode::Mode;
-use super::{Attempt, Backend, Context, EngineResult, Extension, Released, Renewal};
+use super::{
+    Attempt, AttemptAll, Backend, Context, EngineResult, Extension, Fairness, Released, Renewal,
+};
 use crate::{LockError, LockInfo};
 
 /// How long the fence counter outlives the last lock on its key (every acquisition and renewal
 /// pushes its expiry to this after the lease). Once it has expired, the next token starts at
 /// the server clock in microseconds (see `lua/acquire.lua` for the bound that gives).
-const FENCE_TTL: Duration = Duration::from_secs(600);
+pub(super) const FENCE_TTL: Duration = Duration::from_secs(600);
 
 /// Message published by a force-unlock (never equal to a runtime id).
 const FORCED: &str = "forced";
@@ -492,6 +496,37 @@ impl Backend for RedisBackend {
 
     async fn watch(&self, key: &str) -> Result<(), LockError> {
         self.set_subscribed(key, true).await
+    }
+
+    fn acquires_all_at_once(&self, keys: &[String]) -> bool {
+        self.one_step(keys)
+    }
+
+    async fn try_acquire_all(
+        &self,
+        keys: &[String],
+        owner: &str,
+        lease: Duration,
+    ) -> EngineResult<AttemptAll> {
+        self.acquire_all(keys, owner, lease).await
+    }
+
+    fn fairness(&self) -> Fairness {
+        Fairness::Queue
+    }
+
+    async fn try_acquire_fair(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+        place: Duration,
+    ) -> EngineResult<Attempt> {
+        self.fair_attempt(key, owner, lease, place).await
+    }
+
+    async fn leave_fair_queue(&self, key: &str, owner: &str) -> EngineResult<()> {
+        self.fair_leave(key, owner).await
     }
 
     async fn unwatch(&self, key: &str) -> Result<(), LockError> {

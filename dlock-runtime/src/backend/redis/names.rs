@@ -5,6 +5,8 @@
 //! - release channel `<prefix>{<key>}:released`;
 //! - a read-write lock's readers `<prefix>{<key>}:readers` (the lock string holds their mark);
 //! - a semaphore's holders `<prefix>{<key>}:permits` and size `<prefix>{<key>}:permits:n`.
+//! - for fair locks, the queue of waiters `<prefix>{<key>}:queue` and the deadlines of their
+//!   places `<prefix>{<key>}:places`.
 //!
 //! The hash tag must be the key, whatever the key and the prefix: inside the braces a key's
 //! `%` and `}` are written `%25` and `%7D`, and the prefix's `%`, `{` and `}` likewise (with
@@ -59,6 +61,16 @@ impl Names {
     /// `<prefix>{<key>}:permits:n`: a semaphore's size while it has holders.
     pub(crate) fn permits_size(&self, key: &str) -> String {
         self.tagged(key) + ":permits:n"
+    }
+
+    /// The waiters of a fair lock, first in line first (`lua/fair_acquire.lua`).
+    pub(crate) fn fair_queue(&self, key: &str) -> String {
+        self.tagged(key) + ":queue"
+    }
+
+    /// The deadline of each fair waiter's place in line (`lua/fair_acquire.lua`).
+    pub(crate) fn fair_places(&self, key: &str) -> String {
+        self.tagged(key) + ":places"
     }
 
     pub(crate) fn channel(&self, key: &str) -> String {

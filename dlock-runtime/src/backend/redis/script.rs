@@ -25,6 +25,9 @@ pub(crate) const READ_RELEASE_LUA: &str = include_str!("lua/read_release.lua");
 pub(crate) const PERMIT_ACQUIRE_LUA: &str = include_str!("lua/permit_acquire.lua");
 pub(crate) const PERMIT_RELEASE_LUA: &str = include_str!("lua/permit_release.lua");
 pub(crate) const SHARED_RENEW_LUA: &str = include_str!("lua/shared_renew.lua");
+pub(crate) const ACQUIRE_ALL_LUA: &str = include_str!("lua/acquire_all.lua");
+pub(crate) const FAIR_ACQUIRE_LUA: &str = include_str!("lua/fair_acquire.lua");
+pub(crate) const FAIR_LEAVE_LUA: &str = include_str!("lua/fair_leave.lua");
 
 /// One script: its name (for messages), source and SHA1.
 pub(super) struct Lua {
@@ -57,6 +60,9 @@ pub(super) struct Scripts {
     pub(super) permit_acquire: Lua,
     pub(super) permit_release: Lua,
     pub(super) shared_renew: Lua,
+    pub(super) acquire_all: Lua,
+    pub(super) fair_acquire: Lua,
+    pub(super) fair_leave: Lua,
 }
 
 impl Scripts {
@@ -75,6 +81,9 @@ impl Scripts {
             permit_acquire: Lua::new("permit acquire", PERMIT_ACQUIRE_LUA),
             permit_release: Lua::new("permit release", PERMIT_RELEASE_LUA),
             shared_renew: Lua::new("shared renew", SHARED_RENEW_LUA),
+            acquire_all: Lua::new("acquire all", ACQUIRE_ALL_LUA),
+            fair_acquire: Lua::new("fair acquire", FAIR_ACQUIRE_LUA),
+            fair_leave: Lua::new("fair leave", FAIR_LEAVE_LUA),
         }
     }
 }

@@ -510,6 +510,11 @@ impl Backend for RedlockBackend {
         )))
     }
 
+    /// Independent masters keep no common queue of waiters: fair locks are refused.
+    fn fairness(&self) -> crate::backend::Fairness {
+        crate::backend::Fairness::Unsupported
+    }
+
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
         let allowance = drift(lease) + self.node_timeout;
         if lease <= allowance {

@@ -1,0 +1,44 @@
+-- Acquire several locks at once for one owner, all or nothing (a multi-key lock whose keys
+-- live on one server or one Cluster hash slot): when every lock is free, take them all and
+-- draw each one's fence block; when one is held by somebody else, take none.
+--
+-- KEYS[2i-1]  lock of the i-th key `<prefix>{<key>}` (see acquire.lua: the owner token, `+`
+--             appended when flagged, or `~<runtime id>` reserved after a flagged release)
+-- KEYS[2i]    fence counter of the i-th key `<prefix>{<key>}:fence`
+-- ARGV[1]     owner token
+-- ARGV[2]     lease in milliseconds
+-- ARGV[3]     fence counter TTL in milliseconds (the lease plus a margin)
+-- ARGV[4]     the lowest fence a counter that was not recreated can hold (see acquire.lua)
+-- ARGV[5]     fence block (see acquire.lua)
+-- ARGV[6]     this runtime's id
+--
+-- Returns a table: {1, last token of key 1's block, last token of key 2's, ...} when all were
+-- taken (or already this owner's: a retry), or {0, i, pttl} when the i-th key is held by
+-- somebody else (pttl -1 when it has no TTL), nothing taken.
+local n = #KEYS / 2
+for i = 1, n do
+  local held = redis.call('GET', KEYS[2 * i - 1])
+  if held ~= false and held ~= ARGV[1] and held ~= ARGV[1] .. '+' then
+    -- A reservation for the other runtimes after a flagged release is free for them.
+    local reserved = string.sub(held, 1, 1) == '~'
+    local by = reserved and string.gsub(string.sub(held, 2), '%+$', '') or nil
+    if not reserved or by == ARGV[6] then
+      return {0, i, redis.call('PTTL', KEYS[2 * i - 1])}
+    end
+  end
+end
+local answer = {1}
+for i = 1, n do
+  redis.call('SET', KEYS[2 * i - 1], ARGV[1], 'PX', ARGV[2])
+  local counter = KEYS[2 * i]
+  local fence = redis.call('INCRBY', counter, ARGV[5])
+  if fence < tonumber(ARGV[4]) then
+    local now = redis.call('TIME')
+    fence = math.max(fence, tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[5]))
+    redis.call('SET', counter, string.format('%d', fence), 'PX', ARGV[3])
+  else
+    redis.call('PEXPIRE', counter, ARGV[3])
+  end
+  answer[i + 1] = fence
+end
+return answer

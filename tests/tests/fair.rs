@@ -1,0 +1,174 @@
+//! Fair locks on Redis: a waiter whose process is killed (kill -9) in line blocks the line no
+//! longer than its place lasts, and the line is clean afterwards; a cancelled waiter leaves the
+//! line at once.
+//!
+//! FIFO order across runtimes, a cancelled waiter and a waiter that gives up are in the
+//! conformance suite (`tests/conformance/fair.rs`) on every engine.
+
+use std::time::{Duration, Instant};
+
+use dlock_runtime::DEFAULT_PREFIX;
+use dlock_runtime::testing::redis_fair_names;
+use dlock_tests::{
+    AcquireExt, HolderProcess, RedisServer, Runtime, eventually, holder_bin, lock_key,
+    script_calls_in,
+};
+
+/// The dead waiter's lease, hence its place in line (1 s past its last heartbeat).
+const PLACE: Duration = Duration::from_secs(1);
+
+/// The length of the line of `key` on `server`.
+async fn line_len(server: &RedisServer, key: &str) -> usize {
+    let [line, _] = redis_fair_names(DEFAULT_PREFIX, key);
+    server.query(redis::cmd("LLEN").arg(&line)).await
+}
+
+/// A holder in this process; a waiter in a `dlock-holder` process (fair, lease 1 s, wait 60 s)
+/// takes its place in line; a waiter of a second runtime here queues behind it; the process is
+/// killed with SIGKILL (nothing leaves the line for it). When the holder releases, the second
+/// waiter acquires within the dead one's place plus a margin (not after its 60 s), and the
+/// line and the places are empty afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_waiter_process_does_not_block_the_line() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let key = "fair:killed";
+    let (rt, live_rt) = (
+        Runtime::from_url(&url).await.expect("runtime"),
+        Runtime::from_url(&url).await.expect("runtime"),
+    );
+    let holder = rt
+        .lock(key)
+        .fair(true)
+        .held("the holder in this process")
+        .await;
+
+    let lease_ms = PLACE.as_millis().to_string();
+    let bin = holder_bin();
+    let mut dead = HolderProcess::spawn(
+        bin.to_str().expect("a UTF-8 path"),
+        &[
+            "--url",
+            &url,
+            "--key",
+            key,
+            "--mode",
+            "hold",
+            "--lease-ms",
+            &lease_ms,
+            "--fair",
+            "true",
+            "--wait-ms",
+            "60000",
+        ],
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the process waits in line",
+        || async { line_len(&server, key).await == 1 },
+    )
+    .await;
+    let live = tokio::spawn(async move {
+        let guard = live_rt
+            .lock(key)
+            .fair(true)
+            .lease(PLACE)
+            .wait(Duration::from_secs(60))
+            .held("the live waiter")
+            .await;
+        let at = Instant::now();
+        guard.release().await.expect("release");
+        at
+    });
+    eventually(Duration::from_secs(10), "two waiters in line", || async {
+        line_len(&server, key).await == 2
+    })
+    .await;
+    dead.kill9().await;
+
+    let released = Instant::now();
+    holder.release().await.expect("release");
+    let acquired = tokio::time::timeout(Duration::from_secs(30), live)
+        .await
+        .expect("the live waiter is blocked by the killed one")
+        .expect("live waiter");
+    let took = acquired.saturating_duration_since(released);
+    println!("the live waiter acquired {took:?} after the release");
+    assert!(
+        took <= PLACE + Duration::from_millis(1500),
+        "the live waiter acquired {took:?} after the release; the dead place lasts {PLACE:?}"
+    );
+    let [line, places] = redis_fair_names(DEFAULT_PREFIX, key);
+    assert_eq!(line_len(&server, key).await, 0, "the line is empty");
+    let left: usize = server.query(redis::cmd("ZCARD").arg(&places)).await;
+    assert_eq!(left, 0, "no place is left in {places}");
+    assert!(!server.exists(&line).await);
+    assert!(server.lock_is_free(key).await, "{} is free", lock_key(key));
+}
+
+/// A waiter (default lease: its place lasts 5 s) is cancelled while in line: it leaves the line
+/// within 500 ms, not when its place runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_the_line_at_once() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let key = "fair:cancelled";
+    let (rt, waiter_rt) = (
+        Runtime::from_url(&url).await.expect("runtime"),
+        Runtime::from_url(&url).await.expect("runtime"),
+    );
+    let holder = rt.lock(key).fair(true).held("the holder").await;
+    let waiter = tokio::spawn(async move {
+        waiter_rt
+            .lock(key)
+            .fair(true)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    eventually(Duration::from_secs(10), "the waiter in line", || async {
+        line_len(&server, key).await == 1
+    })
+    .await;
+    waiter.abort();
+    let _ = waiter.await;
+    let cancelled = Instant::now();
+    eventually(
+        Duration::from_millis(500),
+        "the cancelled waiter out of the line",
+        || async { line_len(&server, key).await == 0 },
+    )
+    .await;
+    println!(
+        "left the line {:?} after the cancellation",
+        cancelled.elapsed()
+    );
+    holder.release().await.expect("release");
+}
+
+/// A fair try without waiting (`wait` zero) on a busy key answers `Timeout` after one script
+/// call (it never joined the line, so it has nothing to leave) and leaves no trace there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_try_without_waiting_does_not_join_the_line() {
+    let server = RedisServer::start();
+    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+    let key = "fair:try";
+    let holder = rt.lock(key).fair(true).held("the holder").await;
+    let other = Runtime::from_url(&server.url()).await.expect("runtime");
+    let scripts = || async {
+        let info: String = server.query(redis::cmd("INFO").arg("commandstats")).await;
+        script_calls_in(&info)
+    };
+    let before = scripts().await;
+    let err = other.lock(key).fair(true).refused("a try").await;
+    assert!(err.is_timeout(), "{err:?}");
+    assert_eq!(
+        scripts().await - before,
+        1,
+        "one script call, no leaving the line"
+    );
+    let [line, places] = redis_fair_names(DEFAULT_PREFIX, key);
+    assert!(!server.exists(&line).await, "{line} was written");
+    assert!(!server.exists(&places).await, "{places} was written");
+    holder.release().await.expect("release");
+}
