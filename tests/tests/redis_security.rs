@@ -13,7 +13,7 @@ use dlock_runtime::LockError;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::{
     AcquireExt, BuildExt, RedisServer, Runtime, captured_logs, eventually, hand_off, lock_key,
-    while_held,
+    waiter_got_it, while_held,
 };
 
 /// The password of the test servers; must never be printed.
@@ -310,6 +310,42 @@ async fn lock_renew_release_and_wait(rt: &Runtime, other: &Runtime, key: &str) {
             .expect("force_unlock as the ACL user")
     );
     let _ = relocked.release().await;
+    // The other primitives: readers, a semaphore, a fair lock's line, several keys.
+    let readers = [
+        rt.lock(format!("{key}:rw")).read().held("a reader").await,
+        other
+            .lock(format!("{key}:rw"))
+            .read()
+            .held("a reader")
+            .await,
+    ];
+    let shown = other
+        .inspect(&format!("{key}:rw"))
+        .await
+        .expect("inspect readers");
+    assert_eq!(shown.map(|info| info.holds), Some(2));
+    for reader in readers {
+        reader.release().await.expect("release a reader");
+    }
+    let permit = rt.semaphore(format!("{key}:sem"), 2).held("a permit").await;
+    permit.release().await.expect("release a permit");
+    let fair = rt
+        .lock(format!("{key}:fair"))
+        .fair(true)
+        .held("a fair lock")
+        .await;
+    let fair_waiter = other
+        .lock(format!("{key}:fair"))
+        .fair(true)
+        .wait(Duration::from_secs(10))
+        .spawn();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fair.release().await.expect("release the fair lock");
+    let (next, _) = waiter_got_it(fair_waiter, Duration::from_secs(10), "the fair waiter").await;
+    next.release().await.expect("release");
+    rt.lock_all([format!("{key}:a"), format!("{key}:b")])
+        .cycled("several keys")
+        .await;
 }
 
 /// The least-privilege ACL of the README (commands, `~dlock:*`, `&dlock:*`) is enough for
