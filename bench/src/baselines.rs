@@ -66,8 +66,6 @@ async fn raw_pair(
     let freed: i64 = release
         .key(key)
         .arg(owner)
-        .arg(format!("{key}:released"))
-        .arg("raw")
         .arg("PUBLISH")
         .arg(50)
         .invoke_async(conn)

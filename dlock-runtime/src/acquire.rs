@@ -30,9 +30,22 @@ pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// holder of the waiter's own runtime, whose release wakes the waiter without a message.
 /// The mode is appended as a tag (see [`Mode`](crate::backend::mode::Mode)).
 pub(crate) fn new_owner(core: &Core, terms: &Terms) -> String {
-    terms
-        .mode
-        .tag(format!("{:016x}{:016x}", core.id, rand::random::<u64>()))
+    let mut token = String::with_capacity(48);
+    push_hex(&mut token, core.id);
+    push_hex(&mut token, rand::random::<u64>());
+    terms.mode.tag(token)
+}
+
+/// Appends `n` as 16 lowercase hex digits (what `{:016x}` writes, without the formatting
+/// machinery: this runs on every acquisition).
+fn push_hex(out: &mut String, n: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    for (i, digit) in digits.iter_mut().enumerate() {
+        *digit = DIGITS[((n >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    // Every byte is an ASCII hex digit: always valid UTF-8.
+    out.push_str(std::str::from_utf8(&digits).unwrap_or_default());
 }
 
 /// One owner-checked attempt; if the answer never arrives (error, timeout, or the future is
@@ -278,5 +291,28 @@ pub(crate) async fn watch(ticket: &Ticket, key: &str, deadline: Instant) -> Opti
             Some(false)
         }
         Err(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_hex;
+
+    #[test]
+    fn hex_digits_are_those_of_the_formatter() {
+        for n in [
+            0,
+            1,
+            0xf,
+            0x10,
+            0xdead_beef,
+            u64::MAX - 1,
+            u64::MAX,
+            0x0123_4567_89ab_cdef,
+        ] {
+            let mut out = String::from("x");
+            push_hex(&mut out, n);
+            assert_eq!(out, format!("x{n:016x}"));
+        }
     }
 }

@@ -118,7 +118,11 @@ pub(crate) fn scope<F: Future>(core: Arc<Core>, fut: F) -> TaskLocalFuture<Arc<C
 }
 
 /// A lease must be positive and at most [`MAX_LEASE`].
-pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockError> {
+/// `what` names the lease in the error (formatted only when there is one).
+pub(crate) fn validate_lease(
+    lease: Duration,
+    what: impl std::fmt::Display,
+) -> Result<(), LockError> {
     if lease.is_zero() {
         return Err(LockError::config(format!(
             "{what} must be greater than zero"

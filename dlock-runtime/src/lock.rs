@@ -478,7 +478,7 @@ impl LockBuilder {
     pub(crate) fn checked_lease(&self, core: &Core) -> Result<Duration, LockError> {
         validate_key(&self.key)?;
         let lease = self.lease.unwrap_or(core.default_lease);
-        validate_lease(lease, &format!("lease of lock `{}`", self.key))?;
+        validate_lease(lease, format_args!("lease of lock `{}`", self.key))?;
         core.backend.lease_margin(lease)?;
         validate_hold(self.hold_at_least, lease, &self.key)?;
         validate_mode(self.mode, self.hold_at_least, &self.key)?;

@@ -1,11 +1,14 @@
 //! The lease state of one held lock: the lost signal and the confirmed validity.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 /// The lease state of one held lock, shared by its guards and the watchdog: the lost signal
@@ -77,7 +80,7 @@ impl LostSignal {
     /// registering to close the race with an earlier one).
     ///
     /// [`is_lost`]: LostSignal::is_lost
-    pub(crate) fn watch(&self) -> std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>> {
+    pub(crate) fn watch(&self) -> Pin<Box<OwnedNotified>> {
         let mut notified = Box::pin(self.notify.clone().notified_owned());
         notified.as_mut().enable();
         notified
@@ -106,33 +109,13 @@ impl LostSignal {
     /// `fresh`: this signal was made (its validity set against the clock read then) in the
     /// same poll as this call, so the first step is checked against that reading instead of a
     /// new one.
-    pub(crate) async fn run_unless_lost<F: std::future::Future>(
-        &self,
-        fut: F,
-        fresh: bool,
-    ) -> Option<F::Output> {
-        tokio::pin!(fut);
-        let mut watching = None;
-        let mut first = fresh;
-        std::future::poll_fn(|cx| {
-            let expired = if std::mem::take(&mut first) {
-                self.expired_when_made()
-            } else {
-                self.expired()
-            };
-            if self.is_lost() || expired {
-                return Poll::Ready(None);
-            }
-            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
-                return Poll::Ready(Some(out));
-            }
-            let lost = watching.get_or_insert_with(|| self.watch());
-            if lost.as_mut().poll(cx).is_ready() || self.is_lost() {
-                return Poll::Ready(None);
-            }
-            Poll::Pending
-        })
-        .await
+    pub(crate) fn run_unless_lost<F: Future>(&self, fut: F, fresh: bool) -> UnlessLost<'_, F> {
+        UnlessLost {
+            fut,
+            signal: self,
+            first: fresh,
+            watching: None,
+        }
     }
 
     pub(crate) async fn wait(&self) {
@@ -145,6 +128,45 @@ impl LostSignal {
             }
             notified.await;
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`LostSignal::run_unless_lost`]: one layer around the body (it runs on
+    /// every annotated call), dropping the body as soon as the loss is seen.
+    pub(crate) struct UnlessLost<'a, F> {
+        #[pin]
+        fut: F,
+        signal: &'a LostSignal,
+        // The first poll checks the validity against the clock reading of the signal's making.
+        first: bool,
+        // The lost notification, watched once the body has had to wait.
+        watching: Option<Pin<Box<OwnedNotified>>>,
+    }
+}
+
+impl<F: Future> Future for UnlessLost<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let signal = *this.signal;
+        let expired = if std::mem::take(this.first) {
+            signal.expired_when_made()
+        } else {
+            signal.expired()
+        };
+        if signal.is_lost() || expired {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(out) = this.fut.poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        let lost = this.watching.get_or_insert_with(|| signal.watch());
+        if lost.as_mut().poll(cx).is_ready() || signal.is_lost() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
     }
 }
 

@@ -11,6 +11,7 @@
 //! With `watchdog(false)` an entry is never renewed: its validity is the hard cap.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -52,9 +53,31 @@ impl Entry {
     }
 }
 
+/// Hashes the scheduler's own entry ids (consecutive numbers, never chosen by a caller):
+/// one multiplication instead of SipHash's rounds.
+#[derive(Debug, Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: spreads consecutive ids over the high bits the table reads.
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
-    entries: HashMap<u64, Entry>,
+    entries: HashMap<u64, Entry, BuildHasherDefault<IdHasher>>,
     next_id: u64,
     /// The instant the scheduler sleeps until (`None`: indefinitely).
     next_wake: Option<Instant>,
@@ -213,6 +236,13 @@ impl Watchdog {
             next = Some(next.map_or(look, |n| n.min(look)));
             true
         });
+        if next.is_none() {
+            // Nothing tracked: keep the look already planned while it is ahead. A lock
+            // registered meanwhile that is due after it needs no wake-up (the scheduler looks
+            // then anyway), so taking and releasing locks in a row does not wake the scheduler
+            // each time.
+            next = state.next_wake.filter(|&at| at > now);
+        }
         state.next_wake = next;
         Collected {
             batch,

@@ -39,8 +39,6 @@ async fn release(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner:
     Script::new(RELEASE)
         .key(lock_key(key))
         .arg(owner)
-        .arg(released_channel(key))
-        .arg("test")
         .arg("PUBLISH")
         .arg(50)
         .invoke_async(conn)
@@ -222,7 +220,11 @@ async fn release_publishes_only_when_a_waiter_flagged_the_lock() {
         .expect("stream open");
     assert_eq!(msg.get_channel_name(), released_channel("pub"));
     let payload: String = msg.get_payload().unwrap();
-    assert_eq!(payload, "test");
+    assert_eq!(
+        payload,
+        &A[..16],
+        "the message is the releasing runtime's id"
+    );
     let more = tokio::time::timeout(quiet, messages.next()).await;
     assert!(more.is_err(), "only the flagged release publishes");
 }
@@ -345,7 +347,9 @@ async fn command_calls(server: &RedisServer) -> std::collections::HashMap<String
 async fn flagged_release_reserves_the_key_for_other_runtimes() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    // A holds on behalf of runtime "test" (the release helper's runtime id).
+    // An owner token starts with its runtime's id (16 characters): A holds for runtime
+    // `&A[..16]`, B waits for another runtime, C is A's runtime's own waiter.
+    const C: &str = "aaaaaaaaaaaaaaaacccccccccccccccc";
     let script = Script::new(ACQUIRE);
     let acquire_in = |runtime: &'static str, owner: &'static str| {
         let mut invocation = script.key(lock_key("res"));
@@ -359,10 +363,13 @@ async fn flagged_release_reserves_the_key_for_other_runtimes() {
             .arg(runtime);
         invocation
     };
-    let first: i64 = acquire_in("test", A).invoke_async(&mut conn).await.unwrap();
+    let first: i64 = acquire_in(&A[..16], A)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
     assert!(first > 0);
-    // B (runtime "other") waits: flags A's lock.
-    let busy: i64 = acquire_in("other", B)
+    // B (another runtime) waits: flags A's lock.
+    let busy: i64 = acquire_in(&B[..16], B)
         .invoke_async(&mut conn)
         .await
         .unwrap();
@@ -370,20 +377,23 @@ async fn flagged_release_reserves_the_key_for_other_runtimes() {
     assert_eq!(release(&mut conn, "res", A).await, 1);
     let reserved: String = server.query(redis::cmd("GET").arg(lock_key("res"))).await;
     assert_eq!(
-        reserved, "~test",
+        reserved,
+        format!("~{}", &A[..16]),
         "reserved for runtimes other than the releaser"
     );
     let ttl = server.pttl(&lock_key("res")).await;
     assert!((1..=50).contains(&ttl), "a short reservation: {ttl} ms");
     // A waiter of the releasing runtime is busy, for at most the reservation, and flags it.
-    const C: &str = "cccccccccccccccccccccccccccccccc";
-    let own: i64 = acquire_in("test", C).invoke_async(&mut conn).await.unwrap();
+    let own: i64 = acquire_in(&C[..16], C)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
     assert!(
         (-2 - 50..=-2).contains(&own),
         "the releaser's own waiter waits out the reservation: {own}"
     );
     // The other runtime's waiter takes it, keeping the flag for C.
-    let taken: i64 = acquire_in("other", B)
+    let taken: i64 = acquire_in(&B[..16], B)
         .invoke_async(&mut conn)
         .await
         .unwrap();

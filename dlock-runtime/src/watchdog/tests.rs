@@ -175,3 +175,38 @@ async fn unreachable_engine_is_lost_when_the_lease_runs_out_not_before() {
         .await
         .expect("lost when the last confirmed lease runs out");
 }
+
+/// Locks taken and released in a row do not wake the scheduler each time: once nothing is
+/// tracked it keeps the look it had planned, and a lock due after that look needs no wake-up.
+/// A lock due sooner still wakes it.
+#[tokio::test(start_paused = true)]
+async fn a_lock_due_after_the_planned_look_does_not_wake_the_scheduler() {
+    let wd = Watchdog::new(Arc::new(Observer::new("memory")));
+    let lease = Duration::from_secs(30);
+    let (first, _) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now());
+    let planned = wd.collect(Instant::now()).next.expect("a look planned");
+    // The scheduler took the wake-up of the first registration.
+    wd.wake.notified().await;
+    wd.unregister(first);
+    let empty = wd.collect(Instant::now());
+    assert_eq!(empty.next, Some(planned), "the planned look is kept");
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let (second, _) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now());
+    let woken = tokio::time::timeout(Duration::from_millis(1), wd.wake.notified()).await;
+    assert!(
+        woken.is_err(),
+        "a lock due after the planned look woke the scheduler"
+    );
+    wd.unregister(second);
+    let shorter = Duration::from_secs(3);
+    wd.register("k", "b", shorter, Duration::ZERO, true, Instant::now());
+    let woken = tokio::time::timeout(Duration::from_millis(1), wd.wake.notified()).await;
+    assert!(woken.is_ok(), "a lock due sooner must wake the scheduler");
+    // Once the planned look has passed with nothing tracked, the scheduler sleeps until woken.
+    let idle = Watchdog::new(Arc::new(Observer::new("memory")));
+    let (id, _) = idle.register("k", "a", shorter, Duration::ZERO, true, Instant::now());
+    idle.collect(Instant::now());
+    idle.unregister(id);
+    tokio::time::advance(2 * shorter).await;
+    assert_eq!(idle.collect(Instant::now()).next, None);
+}

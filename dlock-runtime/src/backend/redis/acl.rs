@@ -123,7 +123,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("acquire script"), "{text}");
-        let publish_line = release_line_of("redis.call(ARGV[4]");
+        let publish_line = release_line_of("redis.call(ARGV[2]");
         let message = format!(
             "ResponseError: The user executing the script can't run this command or subcommand script: abc, on @user_script:{publish_line}."
         );

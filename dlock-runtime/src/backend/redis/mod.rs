@@ -268,14 +268,15 @@ impl RedisBackend {
 /// `SET lock owner NX PX lease GET`: writes the lock if it is free, and answers the value it
 /// held before either way.
 fn set_if_free(lock: &str, owner: &str, lease: Duration) -> redis::Cmd {
-    redis::cmd("SET")
+    let mut cmd = redis::Cmd::with_capacity(7, lock.len() + owner.len() + 32);
+    cmd.arg("SET")
         .arg(lock)
         .arg(owner)
         .arg("NX")
         .arg("PX")
         .arg(millis_ceil(lease))
-        .arg("GET")
-        .clone()
+        .arg("GET");
+    cmd
 }
 
 /// Whether the lock's value `held` is `owner`'s (a `+` appended when a waiter flagged it): a
@@ -305,7 +306,7 @@ impl Backend for RedisBackend {
         let counter = self.names.fence(key);
         let sent_at = tokio::time::Instant::now();
         let push = self.counter_push_needed(&counter, lease, sent_at);
-        let mut pipe = redis::pipe();
+        let mut pipe = redis::Pipeline::with_capacity(3);
         pipe.add_command(set_if_free(&lock, owner, lease))
             .cmd("INCRBY")
             .arg(&*counter)
@@ -383,8 +384,6 @@ impl Backend for RedisBackend {
                 cmd.arg(1)
                     .arg(self.names.lock(key))
                     .arg(owner)
-                    .arg(self.names.channel(key))
-                    .arg(&self.origin)
                     .arg(self.link.publish_command())
                     .arg(millis_ceil(RESERVATION));
             })

@@ -37,7 +37,14 @@ impl Names {
 
     /// `<prefix>{<key>}`, the part every name of the key starts with.
     fn tagged(&self, key: &str) -> String {
-        format!("{}{{{}}}", self.prefix, escape(key, &['%', '}']))
+        let key = escape(key, &['%', '}']);
+        // Room for the longest suffix a name adds (`:permits:n`): one allocation a name.
+        let mut name = String::with_capacity(self.prefix.len() + key.len() + 12);
+        name.push_str(&self.prefix);
+        name.push('{');
+        name.push_str(&key);
+        name.push('}');
+        name
     }
 
     pub(crate) fn lock(&self, key: &str) -> String {

@@ -126,8 +126,9 @@ impl RedisBackend {
         fill: impl Fn(&mut redis::Cmd),
     ) -> Result<T, LockError> {
         let mut conn = self.link.handle();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&lua.sha);
+        // Sized for the scripts' arguments: no reallocation while they are written.
+        let mut cmd = redis::Cmd::with_capacity(16, 256);
+        cmd.arg("EVALSHA").arg(&lua.sha);
         fill(&mut cmd);
         let answer = match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await
         {
