@@ -86,15 +86,16 @@ pub(crate) async fn compensated<T>(
 
 /// A fresh acquisition (not a re-entry): the engine's queue, or one attempt and then the
 /// local queue.
+/// `started`: a reading of the clock taken just before (the acquisition counts from it).
 pub(crate) async fn acquire_fresh(
     core: &Arc<Core>,
     key: String,
     terms: Terms,
+    started: Instant,
     wait: Duration,
 ) -> Result<Arc<Held>, LockError> {
     let lease = terms.lease;
     let owner = new_owner(core, &terms);
-    let started = Instant::now();
     let deadline = started + wait.min(FOREVER);
     let timeout = |key: String, holder_ttl: Option<Duration>| {
         core.busy.note(&key, holder_ttl);
@@ -114,6 +115,8 @@ pub(crate) async fn acquire_fresh(
 
     // Engines with their own FIFO queue wait there (no local queue, no polling).
     let mut owner = owner;
+    // Whether the clock moved on since `started` (something was awaited).
+    let mut awaited = false;
     let queued = loop {
         let ask = Queueing {
             lease,
@@ -123,6 +126,7 @@ pub(crate) async fn acquire_fresh(
         let Some(request) = core.backend.acquire_queued(&key, &owner, ask) else {
             break None;
         };
+        awaited = true;
         match compensated(core, &key, &owner, request).await {
             Ok(answer) => break Some(answer),
             // A transient engine error (a new session, a failover) while the wait budget
@@ -158,7 +162,9 @@ pub(crate) async fn acquire_fresh(
 
     // Fast path: one attempt, unless local waiters are queued (then queue behind them).
     if wait.is_zero() || !core.hub.has_waiters(&key) {
-        let sent_at = Instant::now();
+        // Nothing was awaited since `started` on this path: the request goes out now, and
+        // counting the lease from a moment before it was sent is on the safe side.
+        let sent_at = if awaited { Instant::now() } else { started };
         match attempt(core, &key, &owner, lease, false).await? {
             Attempt::Acquired { fence } => {
                 return Ok(Held::new(core, key, owner, fence, terms, sent_at));

@@ -96,7 +96,7 @@ pub(crate) fn pass(held: &Held) -> bool {
     if held.hold_left().is_some() {
         return false;
     }
-    if !held.terms.renew || held.lost.lease_lost() || held.lost.valid_for().is_zero() {
+    if !held.terms.renew || held.lost.lease_lost() {
         return false;
     }
     let Some(next) = held.fence.and_then(|f| f.checked_add(1)) else {
@@ -115,9 +115,12 @@ pub(crate) fn pass(held: &Held) -> bool {
     };
     // Under the hub's lock: the last waiter cannot leave between finding the queue and
     // parking the hold in it (see `strand`).
+    // The clock is read only where a queue of this key exists (a waiter may take the hold).
     held.core
         .hub
-        .with_queue(&held.key, |queue| queue.offer(baton))
+        .with_queue(&held.key, |queue| {
+            !held.lost.valid_for().is_zero() && queue.offer(baton)
+        })
         .unwrap_or(false)
 }
 
@@ -132,7 +135,6 @@ pub(crate) fn wants_extension(held: &Held) -> bool {
         || held.hold_left().is_some()
         || !held.terms.renew
         || held.lost.lease_lost()
-        || held.lost.valid_for().is_zero()
         || held.core.backend.fence_block() <= 1
     {
         return false;
@@ -145,7 +147,9 @@ pub(crate) fn wants_extension(held: &Held) -> bool {
         && held
             .core
             .hub
-            .with_queue(&held.key, |queue| queue.fits(held.terms.lease))
+            .with_queue(&held.key, |queue| {
+                queue.fits(held.terms.lease) && !held.lost.valid_for().is_zero()
+            })
             .unwrap_or(false)
 }
 

@@ -396,16 +396,19 @@ impl LockBuilder {
         let wait = self.wait.unwrap_or(core.default_wait);
         let deadline = started + wait.min(FOREVER);
 
+        // The clock is read again only after a wait; a read costs as much as a good part of
+        // an in-process acquisition.
+        let mut now = started;
         if let Some(frame) = frame
             && let Some(held) = frame.find(core.id, &self.key)
-            && let Some(guard) = {
-                check_reentry(held.terms.mode, self.mode, &self.key)?;
-                reenter(held, frame, scope, started, deadline).await?
-            }
         {
-            return Ok(guard);
+            check_reentry(held.terms.mode, self.mode, &self.key)?;
+            if let Some(guard) = reenter(held, frame, scope, started, deadline).await? {
+                return Ok(guard);
+            }
+            now = Instant::now();
         }
-        let wait = deadline.saturating_duration_since(Instant::now());
+        let wait = deadline.saturating_duration_since(now);
         // The frame that uses the hold: the one a scoped acquisition opens, else the caller's.
         let user = scope.or(frame.map(|f| f.id)).unwrap_or(0);
         let terms = Terms {
@@ -416,7 +419,7 @@ impl LockBuilder {
             mode: self.mode,
             fair: self.fair,
         };
-        let held = acquire_fresh(core, self.key, terms, wait).await?;
+        let held = acquire_fresh(core, self.key, terms, now, wait).await?;
         // A scoped acquisition's frame is made around the hold by the caller.
         let frame = match scope {
             Some(_) => None,
