@@ -1232,3 +1232,142 @@ async fn min_validity_builder_option_is_applied() {
     nodes.servers[2].resume();
     guard.release().await.ok();
 }
+
+/// Per-node timeout of the quorum tests: far above what a live node takes, so that an answer
+/// awaited from a paused node shows as seconds.
+const SLOW_NODE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An acquisition and a release are decided by the quorum: a paused node costs neither the
+/// per-node timeout, and its requests, queued on its connection, run in order once it is
+/// resumed (the same key acquired and released again and again ends released on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_node_costs_neither_acquire_nor_release_the_node_timeout() {
+    const WITHIN: Duration = Duration::from_secs(1);
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(SLOW_NODE_TIMEOUT).await;
+    let key = "redlock:quorum:paused";
+    rt.lock(key).cycled("warm-up: every node reached").await;
+    nodes.servers[2].pause();
+    let mut latencies = Vec::new();
+    let mut outcome = Ok(());
+    for round in 0..3 {
+        let start = Instant::now();
+        let guard = match rt.lock(key).lease(Duration::from_secs(30)).acquire().await {
+            Ok(guard) => guard,
+            Err(err) => {
+                outcome = Err(format!("round {round}: acquire: {err}"));
+                break;
+            }
+        };
+        let acquire_took = start.elapsed();
+        let start = Instant::now();
+        let released = guard.release().await;
+        latencies.push((round, acquire_took, start.elapsed()));
+        if let Err(err) = released {
+            outcome = Err(format!("round {round}: release: {err}"));
+            break;
+        }
+    }
+    nodes.servers[2].resume();
+    println!(
+        "1 of 3 nodes paused, node_timeout {SLOW_NODE_TIMEOUT:?}: (round, acquire, release) {latencies:?}"
+    );
+    outcome.expect("acquire and release with 1 of 3 nodes paused");
+    for (round, acquire_took, release_took) in &latencies {
+        assert!(
+            *acquire_took < WITHIN && *release_took < WITHIN,
+            "round {round}: acquire took {acquire_took:?}, release {release_took:?} with one \
+             node paused: the quorum had answered (node_timeout {SLOW_NODE_TIMEOUT:?})"
+        );
+    }
+    nodes
+        .assert_on_every_live_node(key, false, "released on the nodes that answered")
+        .await;
+    let resumed = &nodes.servers[2];
+    eventually(
+        Duration::from_secs(5),
+        "the resumed node ran the queued acquires and releases: no lock left on it",
+        || async { !resumed.exists(&lock_key(key)).await },
+    )
+    .await;
+}
+
+/// A release settled by the quorum has already been sent to the slow node: this process's
+/// next acquisition of the key reaches that node after it, and finds the key free there (the
+/// node then holds the new owner), not still held by the previous one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_settled_by_the_quorum_reaches_the_slow_node_before_the_next_acquire() {
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(SLOW_NODE_TIMEOUT).await;
+    let key = "redlock:quorum:order";
+    let first = rt.hold(key, LONG_LEASE).await;
+    nodes.servers[2].pause();
+    first.release().await.expect("released by the quorum");
+    let second = rt.hold(key, LONG_LEASE).await;
+    let owner = nodes
+        .owner_on(0, key)
+        .await
+        .expect("the second holder's token on node 0");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    nodes.servers[2].resume();
+    let slow = &nodes.servers[2];
+    eventually(
+        Duration::from_secs(3),
+        "the resumed node holds the second owner's lock",
+        || async { slow.lock_owner(&lock_key(key)).await.as_deref() == Some(owner.as_str()) },
+    )
+    .await;
+    second.release().await.expect("release");
+}
+
+/// An attempt lost on the answers of two nodes (held by another owner there) returns without
+/// waiting for the paused third, and the grant that node gives once resumed is undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_attempt_returns_at_once_and_its_late_grant_is_undone() {
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(SLOW_NODE_TIMEOUT).await;
+    let key = "redlock:quorum:late-grant";
+    rt.lock("redlock:quorum:warm-up")
+        .cycled("warm-up: every node reached")
+        .await;
+    // Another owner holds the key on nodes 0 and 1 (a quorum of 3), not on node 2.
+    for server in &nodes.servers[..2] {
+        let set = redis::cmd("SET")
+            .arg(lock_key(key))
+            .arg("another-owner")
+            .arg("PX")
+            .arg(60_000)
+            .clone();
+        let _: () = server.query(&set).await;
+    }
+    nodes.servers[2].pause();
+    let start = Instant::now();
+    let err = rt
+        .lock(key)
+        .lease(Duration::from_secs(60))
+        .wait(Duration::ZERO)
+        .times_out("another owner holds a quorum")
+        .await;
+    let took = start.elapsed();
+    nodes.servers[2].resume();
+    assert!(
+        took < SLOW_NODE_TIMEOUT / 2,
+        "the attempt waited {took:?} for the paused node although two busy answers decided it \
+         ({err})"
+    );
+    // Resumed, node 2 grants the queued attempt, then runs the undo queued behind it.
+    let resumed = &nodes.servers[2];
+    eventually(
+        Duration::from_secs(3),
+        "the late grant on the resumed node is undone",
+        || async { !resumed.exists(&lock_key(key)).await },
+    )
+    .await;
+    for i in 0..2 {
+        assert_eq!(
+            nodes.owner_on(i, key).await.as_deref(),
+            Some("another-owner"),
+            "node {i} keeps the other owner's lock"
+        );
+    }
+}
