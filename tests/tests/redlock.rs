@@ -906,15 +906,24 @@ async fn processes_on_redlock_increment_a_counter_exactly() {
 /// first renewal could be due), else the attempt is undone and reported busy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grant_with_little_validity_left_is_not_taken() {
-    const NODE_TIMEOUT: Duration = Duration::from_millis(200);
-    let lease = Duration::from_millis(260);
+    // The quorum's grants come late (two of three nodes paused for 700 ms, within the node
+    // timeout): less than half of the lease is left, and the attempt is refused and undone.
+    const NODE_TIMEOUT: Duration = Duration::from_secs(1);
+    let lease = Duration::from_millis(1200);
     let mut nodes = Nodes::start(3);
     let rt = nodes.runtime(NODE_TIMEOUT).await;
     rt.lock("redlock:warm").cycled("warm-up acquire").await;
-    nodes.servers[2].pause();
-    for round in 0..3 {
+    for round in 0..2 {
         let key = format!("redlock:short-validity:{round}");
-        match rt.lock(key.as_str()).lease(lease).acquire().await {
+        let (acquired, ()) = late_quorum(&mut nodes, Duration::from_millis(700), async {
+            rt.lock(key.as_str())
+                .lease(lease)
+                .wait(Duration::ZERO)
+                .acquire()
+                .await
+        })
+        .await;
+        match acquired {
             Ok(guard) => {
                 let left = guard.valid_for();
                 guard.release().await.ok();
@@ -922,12 +931,30 @@ async fn grant_with_little_validity_left_is_not_taken() {
             }
             Err(err) => assert!(err.is_timeout(), "expected Timeout (busy), got {err:?}"),
         }
-        // The undone attempt leaves nothing on the live nodes.
-        for server in &nodes.servers[..2] {
-            assert!(!server.exists(&lock_key(&key)).await, "{key} left behind");
+        // The undone attempt leaves nothing on the nodes.
+        for server in &nodes.servers {
+            eventually(Duration::from_secs(3), &format!("{key} undone"), || async {
+                !server.exists(&lock_key(&key)).await
+            })
+            .await;
         }
     }
-    nodes.servers[2].resume();
+}
+
+/// Runs `attempt` with nodes 1 and 2 paused until `after` has passed, so that a quorum of 3
+/// answers only then; returns its outcome.
+async fn late_quorum<T>(
+    nodes: &mut Nodes,
+    after: Duration,
+    attempt: impl Future<Output = T>,
+) -> (T, ()) {
+    nodes.servers[1].pause();
+    nodes.servers[2].pause();
+    tokio::join!(attempt, async {
+        tokio::time::sleep(after).await;
+        nodes.servers[1].resume();
+        nodes.servers[2].resume();
+    })
 }
 
 /// Regression (issue "reliability", Redlock releases): a node that does not answer the release
@@ -1201,36 +1228,45 @@ async fn quorum_and_min_validity_out_of_range_are_invalid_config() {
 /// taken; with 0.5 it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_validity_builder_option_is_applied() {
+    // The quorum answers after about 300 ms of a 1.2 s lease: about 0.74 of it is left.
     let mut nodes = Nodes::start(3);
-    let lease = Duration::from_millis(300);
-    let strict = Runtime::builder()
-        .redlock(nodes.urls())
-        .node_timeout(Duration::from_millis(100))
-        .min_validity(0.9)
-        .built()
-        .await;
-    let lenient = Runtime::builder()
-        .redlock(nodes.urls())
-        .node_timeout(Duration::from_millis(100))
-        .min_validity(0.5)
-        .built()
-        .await;
+    let lease = Duration::from_millis(1200);
+    let runtime = |min_validity: f64| {
+        Runtime::builder()
+            .redlock(nodes.urls())
+            .node_timeout(Duration::from_secs(1))
+            .min_validity(min_validity)
+            .built()
+    };
+    let strict = runtime(0.9).await;
+    let lenient = runtime(0.5).await;
     strict.lock("redlock:mv:warm").cycled("warm-up").await;
     lenient.lock("redlock:mv:warm").cycled("warm-up").await;
-    nodes.servers[2].pause();
-    let err = strict
-        .lock("redlock:mv:strict")
-        .lease(lease)
-        .refused("0.9 of the lease cannot be left after a 100 ms node timeout")
-        .await;
+    let late = Duration::from_millis(300);
+    let (refused, ()) = late_quorum(&mut nodes, late, async {
+        strict
+            .lock("redlock:mv:strict")
+            .lease(lease)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+    })
+    .await;
+    let err = refused.expect_err("0.9 of the lease cannot be left after 300 ms");
     assert!(err.is_timeout(), "{err:?}");
-    let guard = lenient
-        .lock("redlock:mv:lenient")
-        .lease(lease)
-        .held("half of the lease is left")
-        .await;
-    nodes.servers[2].resume();
-    guard.release().await.ok();
+    let (held, ()) = late_quorum(&mut nodes, late, async {
+        lenient
+            .lock("redlock:mv:lenient")
+            .lease(lease)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+    })
+    .await;
+    held.expect("half of the lease is left")
+        .release()
+        .await
+        .ok();
 }
 
 /// Per-node timeout of the quorum tests: far above what a live node takes, so that an answer
