@@ -23,13 +23,16 @@ use crate::LockError;
 /// One node's request, bounded by the node timeout, owning what it needs.
 pub(super) type NodeCall<T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send>>;
 
+/// One node's answer so far (`None`: not answered yet).
+pub(super) type Answer<T> = Option<Result<T, LockError>>;
+
 /// Work left for the background (answers still out, releases being sent).
 type Chore = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The answers of one request sent to every node, by node (`None`: not answered yet).
 pub(super) struct FanOut<T> {
     calls: Vec<Option<NodeCall<T>>>,
-    answers: Vec<Option<Result<T, LockError>>>,
+    answers: Vec<Answer<T>>,
 }
 
 impl<T: Send + 'static> FanOut<T> {
@@ -44,10 +47,7 @@ impl<T: Send + 'static> FanOut<T> {
     /// Polls every request still out until `settled` says the answers so far decide the
     /// outcome, or every node has answered. Each round polls every request before asking, so
     /// every request has been polled (handed to its connection) when this returns.
-    pub(super) async fn until(
-        &mut self,
-        mut settled: impl FnMut(&[Option<Result<T, LockError>>]) -> bool,
-    ) {
+    pub(super) async fn until(&mut self, mut settled: impl FnMut(&[Answer<T>]) -> bool) {
         std::future::poll_fn(|cx| {
             let mut out = 0;
             for (call, answer) in self.calls.iter_mut().zip(&mut self.answers) {
@@ -71,7 +71,7 @@ impl<T: Send + 'static> FanOut<T> {
     }
 
     /// The answers so far, by node.
-    pub(super) fn answers(&self) -> &[Option<Result<T, LockError>>] {
+    pub(super) fn answers(&self) -> &[Answer<T>] {
         &self.answers
     }
 

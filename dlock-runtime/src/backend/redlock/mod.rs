@@ -10,6 +10,10 @@
 //! after the holder's TTL or a release notification when another owner holds a majority,
 //! after a short random delay on a split vote.
 //!
+//! Acquire, release and renew are decided as soon as the answers so far settle them
+//! ([`fanout`]): the nodes still out finish in the background, each request already queued on
+//! its node's connection, so that this process's next request to that node comes after it.
+//!
 //! Each node runs the same scripts as standalone Redis. Renewal must be confirmed by a
 //! majority within the validity, or the lease counts as lost; a majority that says "not ours"
 //! is a loss at once. A release message from any node is a hint that wakes local waiters.
@@ -31,7 +35,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use self::config::Tuning;
-use self::fanout::{FanOut, NodeCall};
+use self::fanout::{Answer, FanOut, NodeCall};
 use self::restarts::{NodeIdentity, NodeWakeups};
 use super::redis::RedisBackend;
 use super::redis::config::redact;
@@ -86,7 +90,7 @@ impl Tally {
 /// Whether the release answers so far settle it: a node freed the lock (so the answer is
 /// `Freed` whatever the rest say) and a quorum of nodes no longer keep it (freed, or not ours
 /// there), so that another owner can assemble a quorum from them without waiting for the rest.
-fn release_settled(answers: &[Option<Result<Released, LockError>>], quorum: usize) -> bool {
+fn release_settled(answers: &[Answer<Released>], quorum: usize) -> bool {
     let said = |what: Released| {
         answers
             .iter()
@@ -100,11 +104,7 @@ fn release_settled(answers: &[Option<Result<Released, LockError>>], quorum: usiz
 /// The verdict on item `i` of a renewal batch from the answers so far: `Some(true)` once the
 /// quorum renewed it, `Some(false)` once a majority can no longer confirm it (lost), `None`
 /// while neither is known (or when every node answered without a verdict).
-fn renewal_verdict(
-    answers: &[Option<Result<Vec<Option<bool>>, LockError>>],
-    i: usize,
-    quorum: usize,
-) -> Option<bool> {
+fn renewal_verdict(answers: &[Answer<Vec<Option<bool>>>], i: usize, quorum: usize) -> Option<bool> {
     let said = |value: bool| {
         answers
             .iter()
@@ -359,7 +359,7 @@ impl RedlockBackend {
     /// forgotten another owner's lock).
     fn tally(
         &self,
-        answers: &[Option<Result<Attempt, LockError>>],
+        answers: &[Answer<Attempt>],
         rejoin_after: Option<Duration>,
         now: Instant,
     ) -> Tally {
@@ -464,12 +464,7 @@ impl RedlockBackend {
 
     /// The answer of an attempt that did not win: no quorum possible (too many nodes failed),
     /// or busy, with how long to wait before the next attempt.
-    fn lost(
-        &self,
-        key: &str,
-        answers: &[Option<Result<Attempt, LockError>>],
-        tally: Tally,
-    ) -> EngineResult<Attempt> {
+    fn lost(&self, key: &str, answers: &[Answer<Attempt>], tally: Tally) -> EngineResult<Attempt> {
         if tally.failed > self.nodes.len() - self.quorum {
             let answered = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
             let first_error = answers.iter().find_map(|a| a.as_ref()?.as_ref().err());
