@@ -906,15 +906,24 @@ async fn processes_on_redlock_increment_a_counter_exactly() {
 /// first renewal could be due), else the attempt is undone and reported busy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grant_with_little_validity_left_is_not_taken() {
-    const NODE_TIMEOUT: Duration = Duration::from_millis(200);
-    let lease = Duration::from_millis(260);
+    // The quorum's grants come late (two of three nodes paused for 700 ms, within the node
+    // timeout): less than half of the lease is left, and the attempt is refused and undone.
+    const NODE_TIMEOUT: Duration = Duration::from_secs(1);
+    let lease = Duration::from_millis(1200);
     let mut nodes = Nodes::start(3);
     let rt = nodes.runtime(NODE_TIMEOUT).await;
     rt.lock("redlock:warm").cycled("warm-up acquire").await;
-    nodes.servers[2].pause();
-    for round in 0..3 {
+    for round in 0..2 {
         let key = format!("redlock:short-validity:{round}");
-        match rt.lock(key.as_str()).lease(lease).acquire().await {
+        let (acquired, ()) = late_quorum(&mut nodes, Duration::from_millis(700), async {
+            rt.lock(key.as_str())
+                .lease(lease)
+                .wait(Duration::ZERO)
+                .acquire()
+                .await
+        })
+        .await;
+        match acquired {
             Ok(guard) => {
                 let left = guard.valid_for();
                 guard.release().await.ok();
@@ -922,12 +931,30 @@ async fn grant_with_little_validity_left_is_not_taken() {
             }
             Err(err) => assert!(err.is_timeout(), "expected Timeout (busy), got {err:?}"),
         }
-        // The undone attempt leaves nothing on the live nodes.
-        for server in &nodes.servers[..2] {
-            assert!(!server.exists(&lock_key(&key)).await, "{key} left behind");
+        // The undone attempt leaves nothing on the nodes.
+        for server in &nodes.servers {
+            eventually(Duration::from_secs(3), &format!("{key} undone"), || async {
+                !server.exists(&lock_key(&key)).await
+            })
+            .await;
         }
     }
-    nodes.servers[2].resume();
+}
+
+/// Runs `attempt` with nodes 1 and 2 paused until `after` has passed, so that a quorum of 3
+/// answers only then; returns its outcome.
+async fn late_quorum<T>(
+    nodes: &mut Nodes,
+    after: Duration,
+    attempt: impl Future<Output = T>,
+) -> (T, ()) {
+    nodes.servers[1].pause();
+    nodes.servers[2].pause();
+    tokio::join!(attempt, async {
+        tokio::time::sleep(after).await;
+        nodes.servers[1].resume();
+        nodes.servers[2].resume();
+    })
 }
 
 /// Regression (issue "reliability", Redlock releases): a node that does not answer the release
@@ -1201,34 +1228,182 @@ async fn quorum_and_min_validity_out_of_range_are_invalid_config() {
 /// taken; with 0.5 it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_validity_builder_option_is_applied() {
+    // The quorum answers after about 300 ms of a 1.2 s lease: about 0.74 of it is left.
     let mut nodes = Nodes::start(3);
-    let lease = Duration::from_millis(300);
-    let strict = Runtime::builder()
-        .redlock(nodes.urls())
-        .node_timeout(Duration::from_millis(100))
-        .min_validity(0.9)
-        .built()
-        .await;
-    let lenient = Runtime::builder()
-        .redlock(nodes.urls())
-        .node_timeout(Duration::from_millis(100))
-        .min_validity(0.5)
-        .built()
-        .await;
+    let lease = Duration::from_millis(1200);
+    let runtime = |min_validity: f64| {
+        Runtime::builder()
+            .redlock(nodes.urls())
+            .node_timeout(Duration::from_secs(1))
+            .min_validity(min_validity)
+            .built()
+    };
+    let strict = runtime(0.9).await;
+    let lenient = runtime(0.5).await;
     strict.lock("redlock:mv:warm").cycled("warm-up").await;
     lenient.lock("redlock:mv:warm").cycled("warm-up").await;
-    nodes.servers[2].pause();
-    let err = strict
-        .lock("redlock:mv:strict")
-        .lease(lease)
-        .refused("0.9 of the lease cannot be left after a 100 ms node timeout")
-        .await;
+    let late = Duration::from_millis(300);
+    let (refused, ()) = late_quorum(&mut nodes, late, async {
+        strict
+            .lock("redlock:mv:strict")
+            .lease(lease)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+    })
+    .await;
+    let err = refused.expect_err("0.9 of the lease cannot be left after 300 ms");
     assert!(err.is_timeout(), "{err:?}");
-    let guard = lenient
-        .lock("redlock:mv:lenient")
-        .lease(lease)
-        .held("half of the lease is left")
-        .await;
+    let (held, ()) = late_quorum(&mut nodes, late, async {
+        lenient
+            .lock("redlock:mv:lenient")
+            .lease(lease)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+    })
+    .await;
+    held.expect("half of the lease is left")
+        .release()
+        .await
+        .ok();
+}
+
+/// Per-node timeout of the quorum tests: far above what a live node takes, so that an answer
+/// awaited from a paused node shows as seconds.
+const SLOW_NODE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An acquisition and a release are decided by the quorum: a paused node costs neither the
+/// per-node timeout, and its requests, queued on its connection, run in order once it is
+/// resumed (the same key acquired and released again and again ends released on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_node_costs_neither_acquire_nor_release_the_node_timeout() {
+    const WITHIN: Duration = Duration::from_secs(1);
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(SLOW_NODE_TIMEOUT).await;
+    let key = "redlock:quorum:paused";
+    rt.lock(key).cycled("warm-up: every node reached").await;
+    nodes.servers[2].pause();
+    let mut latencies = Vec::new();
+    let mut outcome = Ok(());
+    for round in 0..3 {
+        let start = Instant::now();
+        let guard = match rt.lock(key).lease(Duration::from_secs(30)).acquire().await {
+            Ok(guard) => guard,
+            Err(err) => {
+                outcome = Err(format!("round {round}: acquire: {err}"));
+                break;
+            }
+        };
+        let acquire_took = start.elapsed();
+        let start = Instant::now();
+        let released = guard.release().await;
+        latencies.push((round, acquire_took, start.elapsed()));
+        if let Err(err) = released {
+            outcome = Err(format!("round {round}: release: {err}"));
+            break;
+        }
+    }
     nodes.servers[2].resume();
-    guard.release().await.ok();
+    println!(
+        "1 of 3 nodes paused, node_timeout {SLOW_NODE_TIMEOUT:?}: (round, acquire, release) {latencies:?}"
+    );
+    outcome.expect("acquire and release with 1 of 3 nodes paused");
+    for (round, acquire_took, release_took) in &latencies {
+        assert!(
+            *acquire_took < WITHIN && *release_took < WITHIN,
+            "round {round}: acquire took {acquire_took:?}, release {release_took:?} with one \
+             node paused: the quorum had answered (node_timeout {SLOW_NODE_TIMEOUT:?})"
+        );
+    }
+    nodes
+        .assert_on_every_live_node(key, false, "released on the nodes that answered")
+        .await;
+    let resumed = &nodes.servers[2];
+    eventually(
+        Duration::from_secs(5),
+        "the resumed node ran the queued acquires and releases: no lock left on it",
+        || async { !resumed.exists(&lock_key(key)).await },
+    )
+    .await;
+}
+
+/// A release settled by the quorum has already been sent to the slow node: this process's
+/// next acquisition of the key reaches that node after it, and finds the key free there (the
+/// node then holds the new owner), not still held by the previous one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_settled_by_the_quorum_reaches_the_slow_node_before_the_next_acquire() {
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(SLOW_NODE_TIMEOUT).await;
+    let key = "redlock:quorum:order";
+    let first = rt.hold(key, LONG_LEASE).await;
+    nodes.servers[2].pause();
+    first.release().await.expect("released by the quorum");
+    let second = rt.hold(key, LONG_LEASE).await;
+    let owner = nodes
+        .owner_on(0, key)
+        .await
+        .expect("the second holder's token on node 0");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    nodes.servers[2].resume();
+    let slow = &nodes.servers[2];
+    eventually(
+        Duration::from_secs(3),
+        "the resumed node holds the second owner's lock",
+        || async { slow.lock_owner(&lock_key(key)).await.as_deref() == Some(owner.as_str()) },
+    )
+    .await;
+    second.release().await.expect("release");
+}
+
+/// An attempt lost on the answers of two nodes (held by another owner there) returns without
+/// waiting for the paused third, and the grant that node gives once resumed is undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_attempt_returns_at_once_and_its_late_grant_is_undone() {
+    let mut nodes = Nodes::start(3);
+    let rt = nodes.runtime(SLOW_NODE_TIMEOUT).await;
+    let key = "redlock:quorum:late-grant";
+    rt.lock("redlock:quorum:warm-up")
+        .cycled("warm-up: every node reached")
+        .await;
+    // Another owner holds the key on nodes 0 and 1 (a quorum of 3), not on node 2.
+    for server in &nodes.servers[..2] {
+        let set = redis::cmd("SET")
+            .arg(lock_key(key))
+            .arg("another-owner")
+            .arg("PX")
+            .arg(60_000)
+            .clone();
+        let _: () = server.query(&set).await;
+    }
+    nodes.servers[2].pause();
+    let start = Instant::now();
+    let err = rt
+        .lock(key)
+        .lease(Duration::from_secs(60))
+        .wait(Duration::ZERO)
+        .times_out("another owner holds a quorum")
+        .await;
+    let took = start.elapsed();
+    nodes.servers[2].resume();
+    assert!(
+        took < SLOW_NODE_TIMEOUT / 2,
+        "the attempt waited {took:?} for the paused node although two busy answers decided it \
+         ({err})"
+    );
+    // Resumed, node 2 grants the queued attempt, then runs the undo queued behind it.
+    let resumed = &nodes.servers[2];
+    eventually(
+        Duration::from_secs(3),
+        "the late grant on the resumed node is undone",
+        || async { !resumed.exists(&lock_key(key)).await },
+    )
+    .await;
+    for i in 0..2 {
+        assert_eq!(
+            nodes.owner_on(i, key).await.as_deref(),
+            Some("another-owner"),
+            "node {i} keeps the other owner's lock"
+        );
+    }
 }

@@ -121,6 +121,30 @@ impl RedisBackend {
             .await
     }
 
+    /// Loads the scripts of an exclusive lock's life (waiter's acquire, renew, release, hold)
+    /// with one `SCRIPT LOAD` each, pipelined. Redlock sends it ahead of its next request on a
+    /// node that may not have them (first contact, a reconnect): a script run that finds none
+    /// falls back to `EVAL` *after* whatever was queued on the connection meanwhile, which
+    /// would let the next acquire overtake a release whose answer nobody waits for.
+    pub(crate) async fn load_scripts(&self) -> Result<(), LockError> {
+        let mut conn = self.link.handle();
+        let mut pipe = redis::pipe();
+        for lua in [
+            &self.scripts.acquire,
+            &self.scripts.renew,
+            &self.scripts.release,
+            &self.scripts.hold,
+        ] {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(lua.src).ignore();
+        }
+        self.call(
+            None,
+            "SCRIPT LOAD failed",
+            pipe.query_async::<()>(&mut conn),
+        )
+        .await
+    }
+
     fn with_link(link: Link, names: Names, ctx: &Context) -> Self {
         Self {
             link,

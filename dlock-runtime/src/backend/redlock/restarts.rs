@@ -33,6 +33,8 @@ pub(super) struct NodeIdentity {
     url: String,
     /// Disconnects and failed calls seen on this node: its run id must be read again.
     epoch: AtomicU64,
+    /// One more than the epoch in which the scripts were last loaded (0: never).
+    scripts: AtomicU64,
     known: Mutex<Known>,
 }
 
@@ -52,6 +54,7 @@ impl NodeIdentity {
         Arc::new(Self {
             url,
             epoch: AtomicU64::new(0),
+            scripts: AtomicU64::new(0),
             known: Mutex::default(),
         })
     }
@@ -64,6 +67,19 @@ impl NodeIdentity {
     /// The connection to the node broke or a call failed: the node may have restarted.
     pub(super) fn suspect(&self) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// `Some(epoch)` when the node may not have the scripts (never loaded, or a disconnect or
+    /// failure since): they are loaded ahead of the next request, then noted with
+    /// [`scripts_loaded`](Self::scripts_loaded)`(epoch)`.
+    pub(super) fn needs_scripts(&self) -> Option<u64> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        (self.scripts.load(Ordering::Acquire) != epoch + 1).then_some(epoch)
+    }
+
+    /// The scripts were loaded in `epoch`.
+    pub(super) fn scripts_loaded(&self, epoch: u64) {
+        self.scripts.fetch_max(epoch + 1, Ordering::AcqRel);
     }
 
     /// Whether the run id must be read before the node's next grant counts.
@@ -188,6 +204,24 @@ mod tests {
         assert_eq!(info_field(info, "run_id"), Some("abc123"));
         assert_eq!(info_field(info, "uptime_in_seconds"), Some("42"));
         assert_eq!(info_field(info, "run"), None);
+    }
+
+    #[test]
+    fn scripts_are_loaded_again_after_a_disconnect() {
+        let node = NodeIdentity::new("redis://h:1".into());
+        assert_eq!(node.needs_scripts(), Some(0), "never loaded");
+        node.scripts_loaded(0);
+        assert_eq!(node.needs_scripts(), None);
+        node.suspect();
+        assert_eq!(node.needs_scripts(), Some(1), "a disconnect since");
+        node.scripts_loaded(0);
+        assert_eq!(
+            node.needs_scripts(),
+            Some(1),
+            "a load of an older epoch does not count"
+        );
+        node.scripts_loaded(1);
+        assert_eq!(node.needs_scripts(), None);
     }
 
     #[test]

@@ -1,0 +1,199 @@
+//! One request per node, answers taken as they come: the caller settles as soon as the answers
+//! so far decide the outcome, and the requests still out finish in the background.
+//!
+//! Ordering: every node's request is polled at least once before [`FanOut::until`] returns,
+//! and whatever is started afterwards ([`Background::start`]) is polled once before it is
+//! handed to a task. One poll hands a request to its node's connection (the redis client
+//! queues it on the connection's single pipeline, written in order), so a request finished in
+//! the background still reaches its node before any request the caller sends to that node
+//! next: a release answered by the quorum is processed on the slow node before the next
+//! acquire of the key. (A connection that is being re-established queues nothing until it is
+//! up; requests waiting for it are sent in no particular order.) The calls and chores run
+//! unconstrained by tokio's cooperative budget, so that a first poll is never turned away.
+//! A node that may not have the scripts (first contact, a reconnect) gets them loaded ahead
+//! of the request (`RedisBackend::load_scripts`): a script run answered "no such script" is
+//! resent as `EVAL` behind whatever was queued meanwhile, which would break that order.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use crate::LockError;
+
+/// One node's request, bounded by the node timeout, owning what it needs.
+pub(super) type NodeCall<T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send>>;
+
+/// One node's answer so far (`None`: not answered yet).
+pub(super) type Answer<T> = Option<Result<T, LockError>>;
+
+/// Work left for the background (answers still out, releases being sent).
+type Chore = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The answers of one request sent to every node, by node (`None`: not answered yet).
+pub(super) struct FanOut<T> {
+    calls: Vec<Option<NodeCall<T>>>,
+    answers: Vec<Answer<T>>,
+}
+
+impl<T: Send + 'static> FanOut<T> {
+    pub(super) fn new(calls: Vec<NodeCall<T>>) -> Self {
+        let answers = calls.iter().map(|_| None).collect();
+        Self {
+            calls: calls.into_iter().map(Some).collect(),
+            answers,
+        }
+    }
+
+    /// Polls every request still out until `settled` says the answers so far decide the
+    /// outcome, or every node has answered. Each round polls every request before asking, so
+    /// every request has been polled (handed to its connection) when this returns.
+    pub(super) async fn until(&mut self, mut settled: impl FnMut(&[Answer<T>]) -> bool) {
+        std::future::poll_fn(|cx| {
+            let mut out = 0;
+            for (call, answer) in self.calls.iter_mut().zip(&mut self.answers) {
+                let Some(pending) = call else { continue };
+                match pending.as_mut().poll(cx) {
+                    Poll::Ready(done) => {
+                        *answer = Some(done);
+                        *call = None;
+                    }
+                    Poll::Pending => out += 1,
+                }
+            }
+            // Asked every round, the last one too: the caller keeps what it counted.
+            if settled(&self.answers) || out == 0 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    /// The answers so far, by node.
+    pub(super) fn answers(&self) -> &[Answer<T>] {
+        &self.answers
+    }
+
+    /// The requests still out, each ending with `late(node, answer)`, as background work that
+    /// comes first in its node's order (see [`Background`]).
+    pub(super) fn rest(
+        self,
+        late: impl Fn(usize, Result<T, LockError>) + Clone + Send + 'static,
+    ) -> Background {
+        let mut rest = Background::default();
+        for (i, call) in self.calls.into_iter().enumerate() {
+            if let Some(call) = call {
+                let late = late.clone();
+                // Already polled: it is in its connection's queue.
+                rest.chores.push(Box::pin(async move {
+                    let answer = call.await;
+                    late(i, answer);
+                }));
+            }
+        }
+        rest
+    }
+}
+
+/// Work that outlives the call that started it: answers still out, and requests sent now whose
+/// answers nobody waits for. Polled in the order started (so on one node, a request started
+/// later is queued after the earlier ones), then run by one spawned task.
+#[derive(Default)]
+#[must_use = "spawn it, or the requests it holds are dropped"]
+pub(super) struct Background {
+    chores: Vec<Chore>,
+}
+
+impl Background {
+    /// Adds `chore`, polled once now (which queues its request on its node's connection).
+    pub(super) fn start(&mut self, chore: impl Future<Output = ()> + Send + 'static) {
+        // Unconstrained: tokio's cooperative budget must not turn that first poll into a no-op.
+        let mut chore: Chore = Box::pin(tokio::task::unconstrained(chore));
+        // The task that runs it polls it again with its own waker; nothing is missed.
+        let mut cx = Context::from_waker(Waker::noop());
+        if chore.as_mut().poll(&mut cx).is_pending() {
+            self.chores.push(chore);
+        }
+    }
+
+    /// Runs what is left on a task of its own (nothing to spawn when everything is done).
+    pub(super) fn spawn(self) {
+        if self.chores.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            let mut chores = self.chores;
+            std::future::poll_fn(|cx| {
+                chores.retain_mut(|chore| chore.as_mut().poll(cx).is_pending());
+                if chores.is_empty() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+
+    fn after(ms: u64, value: u32) -> NodeCall<u32> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(value)
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settles_at_the_first_deciding_answer_and_finishes_the_rest_in_the_background() {
+        let mut fan = FanOut::new(vec![after(10, 1), after(20, 2), after(1000, 3)]);
+        let started = tokio::time::Instant::now();
+        fan.until(|answers| answers.iter().flatten().count() >= 2)
+            .await;
+        assert_eq!(started.elapsed(), Duration::from_millis(20));
+        assert!(
+            fan.answers()[2].is_none(),
+            "the slowest node has not answered"
+        );
+        let late = Arc::new(Mutex::new(Vec::new()));
+        let seen = late.clone();
+        let rest = fan.rest(move |i, answer| {
+            seen.lock().unwrap().push((i, answer.unwrap()));
+        });
+        rest.spawn();
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        assert_eq!(*late.lock().unwrap(), vec![(2, 3)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_for_every_answer_when_nothing_settles_earlier() {
+        let mut fan = FanOut::new(vec![after(10, 1), after(30, 2), after(20, 3)]);
+        fan.until(|_| false).await;
+        let answers: Vec<u32> = fan
+            .answers()
+            .iter()
+            .map(|a| *a.as_ref().unwrap().as_ref().unwrap())
+            .collect();
+        assert_eq!(answers, vec![1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn a_started_chore_has_run_up_to_its_first_wait_before_start_returns() {
+        let mut background = Background::default();
+        let sent = Arc::new(Mutex::new(false));
+        let flag = sent.clone();
+        background.start(async move {
+            *flag.lock().unwrap() = true;
+            tokio::task::yield_now().await;
+        });
+        assert!(*sent.lock().unwrap(), "the chore's first step ran in start");
+        background.spawn();
+    }
+}
