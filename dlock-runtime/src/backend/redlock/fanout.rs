@@ -33,14 +33,26 @@ type Chore = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub(super) struct FanOut<T> {
     calls: Vec<Option<NodeCall<T>>>,
     answers: Vec<Answer<T>>,
+    /// Nodes whose answer (or timeout) the outcome waits for whatever the others said: their
+    /// connection may be being (re)established, so their request may not be queued on it
+    /// yet, and left to the background it could go out after a later request to that node.
+    /// Awaited to the end, a request that never went out is dropped with its call instead.
+    awaited: Vec<bool>,
 }
 
 impl<T: Send + 'static> FanOut<T> {
-    pub(super) fn new(calls: Vec<NodeCall<T>>) -> Self {
+    /// `calls` by node; `awaited`: whether the node's answer must come before the outcome is
+    /// settled (see [`FanOut::awaited`]).
+    pub(super) fn new(calls: Vec<(NodeCall<T>, bool)>) -> Self {
         let answers = calls.iter().map(|_| None).collect();
+        let (calls, awaited): (Vec<_>, Vec<_>) = calls
+            .into_iter()
+            .map(|(call, awaited)| (Some(call), awaited))
+            .unzip();
         Self {
-            calls: calls.into_iter().map(Some).collect(),
+            calls,
             answers,
+            awaited,
         }
     }
 
@@ -60,8 +72,13 @@ impl<T: Send + 'static> FanOut<T> {
                     Poll::Pending => out += 1,
                 }
             }
+            let awaited_out = self
+                .calls
+                .iter()
+                .zip(&self.awaited)
+                .any(|(call, &awaited)| awaited && call.is_some());
             // Asked every round, the last one too: the caller keeps what it counted.
-            if settled(&self.answers) || out == 0 {
+            if (!awaited_out && settled(&self.answers)) || out == 0 {
                 Poll::Ready(())
             } else {
                 Poll::Pending
@@ -153,7 +170,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn settles_at_the_first_deciding_answer_and_finishes_the_rest_in_the_background() {
-        let mut fan = FanOut::new(vec![after(10, 1), after(20, 2), after(1000, 3)]);
+        let mut fan = FanOut::new(vec![
+            (after(10, 1), false),
+            (after(20, 2), false),
+            (after(1000, 3), false),
+        ]);
         let started = tokio::time::Instant::now();
         fan.until(|answers| answers.iter().flatten().count() >= 2)
             .await;
@@ -174,7 +195,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn waits_for_every_answer_when_nothing_settles_earlier() {
-        let mut fan = FanOut::new(vec![after(10, 1), after(30, 2), after(20, 3)]);
+        let mut fan = FanOut::new(vec![
+            (after(10, 1), false),
+            (after(30, 2), false),
+            (after(20, 3), false),
+        ]);
         fan.until(|_| false).await;
         let answers: Vec<u32> = fan
             .answers()
@@ -182,6 +207,20 @@ mod tests {
             .map(|a| *a.as_ref().unwrap().as_ref().unwrap())
             .collect();
         assert_eq!(answers, vec![1, 2, 3]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_may_be_connecting_is_awaited_even_when_the_others_settle() {
+        let mut fan = FanOut::new(vec![
+            (after(10, 1), false),
+            (after(20, 2), false),
+            (after(500, 3), true),
+        ]);
+        let started = tokio::time::Instant::now();
+        fan.until(|answers| answers.iter().flatten().count() >= 2)
+            .await;
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        assert!(fan.answers()[2].is_some(), "the awaited node answered");
     }
 
     #[tokio::test]

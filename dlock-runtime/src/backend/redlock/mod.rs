@@ -265,8 +265,13 @@ impl RedlockBackend {
             .enumerate()
             .map(|(i, node)| {
                 let identity = self.identities[i].clone();
+                // A node that may not have the scripts may not be connected either (first
+                // contact, a disconnect or failure since): its answer is awaited (see
+                // `FanOut`).
+                let needs_scripts = identity.needs_scripts();
+                let awaited = needs_scripts.is_some();
                 // Sent ahead of the call (polled first), on the same connection.
-                let load = identity.needs_scripts().map(|epoch| {
+                let load = needs_scripts.map(|epoch| {
                     let (node, identity) = (node.clone(), identity.clone());
                     async move {
                         if node.load_scripts().await.is_ok() {
@@ -280,7 +285,7 @@ impl RedlockBackend {
                 let timed_out = self.node_timed_out(i, key);
                 // Unconstrained: tokio's cooperative budget must not keep the first poll from
                 // queueing the request on its connection (see `fanout`).
-                Box::pin(tokio::task::unconstrained(async move {
+                let call = Box::pin(tokio::task::unconstrained(async move {
                     let call = async move {
                         match load {
                             Some(load) => tokio::join!(load, call).1,
@@ -295,7 +300,8 @@ impl RedlockBackend {
                         identity.suspect();
                     }
                     answer
-                })) as NodeCall<T>
+                })) as NodeCall<T>;
+                (call, awaited)
             })
             .collect();
         FanOut::new(calls)
