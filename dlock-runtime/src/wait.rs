@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -68,6 +68,9 @@ enum SubOp {
 pub(crate) struct WaitHub {
     /// Key -> (queue, number of waiters holding a ticket).
     queues: Mutex<HashMap<String, (Arc<KeyQueue>, usize)>>,
+    /// How many keys have a queue (changed under the `queues` lock): lookups skip the lock
+    /// while nobody in this process waits, the common case of every acquisition and release.
+    queued: AtomicUsize,
     ops: mpsc::UnboundedSender<SubOp>,
 }
 
@@ -86,6 +89,7 @@ impl WaitHub {
         let (ops, rx) = mpsc::unbounded_channel();
         let hub = Arc::new(Self {
             queues: Mutex::new(HashMap::new()),
+            queued: AtomicUsize::new(0),
             ops,
         });
         (hub, SubscriptionOps(rx))
@@ -99,18 +103,29 @@ impl WaitHub {
     /// Whether some waiter of this process is queued on `key` (newcomers then queue behind it
     /// instead of barging in).
     pub(crate) fn has_waiters(&self, key: &str) -> bool {
-        self.queues().contains_key(key)
+        self.anybody_waits() && self.queues().contains_key(key)
+    }
+
+    /// Whether any key has a queue. Without the lock: a queue made at this very moment is as
+    /// if made just after the call, which every caller allows for (the newcomer's own attempt
+    /// or notification follows).
+    fn anybody_waits(&self) -> bool {
+        self.queued.load(Ordering::Acquire) > 0
     }
 
     /// Runs `f` on the local queue of `key`, if anybody waits, under the hub's lock: no waiter
     /// joins or leaves meanwhile.
     pub(crate) fn with_queue<T>(&self, key: &str, f: impl FnOnce(&KeyQueue) -> T) -> Option<T> {
+        if !self.anybody_waits() {
+            return None;
+        }
         self.queues().get(key).map(|(queue, _)| f(queue))
     }
 
     /// Joins the local queue of `key`.
     pub(crate) fn join(self: &Arc<Self>, key: &str) -> Ticket {
-        let queue = match self.queues().entry(key.to_owned()) {
+        let mut queues = self.queues();
+        let queue = match queues.entry(key.to_owned()) {
             Entry::Occupied(mut e) => {
                 e.get_mut().1 += 1;
                 e.get().0.clone()
@@ -126,9 +141,11 @@ impl WaitHub {
                     slot: crate::handoff::slot(),
                 });
                 e.insert((queue.clone(), 1));
+                self.queued.fetch_add(1, Ordering::AcqRel);
                 queue
             }
         };
+        drop(queues);
         Ticket {
             hub: self.clone(),
             queue,
@@ -137,6 +154,9 @@ impl WaitHub {
 
     /// The key may be free: wake its head waiter.
     pub(crate) fn wake(&self, key: &str) {
+        if !self.anybody_waits() {
+            return;
+        }
         if let Some((queue, _)) = self.queues().get(key) {
             queue.clear_held();
             queue.freed.notify_waiters();
@@ -266,6 +286,7 @@ impl Drop for Ticket {
         };
         if last {
             queues.remove(&self.queue.key);
+            self.hub.queued.fetch_sub(1, Ordering::AcqRel);
             drop(queues);
             // A hold parked for a next head that will never come.
             crate::handoff::strand(&self.queue);
