@@ -48,6 +48,10 @@ pub mod scripts {
     pub const RELEASE: &str = script::RELEASE_LUA;
     /// `extend.lua`.
     pub const EXTEND: &str = script::EXTEND_LUA;
+    /// `read_acquire.lua`.
+    pub const READ_ACQUIRE: &str = script::READ_ACQUIRE_LUA;
+    /// `read_release.lua`.
+    pub const READ_RELEASE: &str = script::READ_RELEASE_LUA;
     /// `force_unlock.lua`.
     pub const FORCE_UNLOCK: &str = script::FORCE_UNLOCK_LUA;
 }

@@ -405,3 +405,97 @@ async fn flagged_release_reserves_the_key_for_other_runtimes() {
         "B's own lease"
     );
 }
+
+/// A reader's attempt (`read_acquire.lua`) on `key` by `owner` (its runtime: the first 16
+/// characters); `waiting`: a waiter's attempt.
+async fn read_attempt(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    owner: &str,
+    waiting: bool,
+) -> i64 {
+    Script::new(dlock_runtime::testing::scripts::READ_ACQUIRE)
+        .key(lock_key(key))
+        .key(fence_key(key))
+        .key(format!("{}:readers", lock_key(key)))
+        .arg(owner)
+        .arg(30_000)
+        .arg(630_000)
+        .arg(FENCE_FLOOR_MIN)
+        .arg(&owner[..16])
+        .arg(if waiting { 1 } else { 0 })
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
+/// A writer's waiting attempt (`acquire.lua`, 2 s of writer preference) on `key` by `owner`.
+async fn write_attempt(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    owner: &str,
+) -> i64 {
+    Script::new(ACQUIRE)
+        .key(lock_key(key))
+        .key(fence_key(key))
+        .arg(owner)
+        .arg(30_000)
+        .arg(630_000)
+        .arg(FENCE_FLOOR_MIN)
+        .arg(1)
+        .arg(&owner[..16])
+        .arg(2_000)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Writer preference across runtimes: when the last reader leaves while a writer waits, the
+/// key is the writers' turn; a reader of a third runtime that queued behind the writer cannot
+/// take it first (a plain reservation for "every runtime but the releaser's" let it, and a
+/// writer could then wait out reader after reader), and the writer takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_readers_release_leaves_the_key_to_the_waiting_writer() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // Owner tokens start with their runtime's id: R1 of runtime a, R2 of runtime b, W of c.
+    const R1: &str = "aaaaaaaaaaaaaaaa1111111111111111-r";
+    const R2: &str = "bbbbbbbbbbbbbbbb2222222222222222-r";
+    const W: &str = "cccccccccccccccc3333333333333333";
+    let first = read_attempt(&mut conn, "rw", R1, false).await;
+    assert!(first > 0, "R1 reads");
+    assert!(
+        write_attempt(&mut conn, "rw", W).await < 0,
+        "the writer waits for R1 (and marks itself waiting)"
+    );
+    assert!(
+        read_attempt(&mut conn, "rw", R2, true).await < 0,
+        "R2 waits behind the writer"
+    );
+    // The last reader leaves.
+    let released: i64 = Script::new(dlock_runtime::testing::scripts::READ_RELEASE)
+        .key(lock_key("rw"))
+        .key(format!("{}:readers", lock_key("rw")))
+        .arg(R1)
+        .arg(released_channel("rw"))
+        .arg(&R1[..16])
+        .arg("PUBLISH")
+        .arg(50)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(released, 1);
+    // R2 (of another runtime than the releaser's) tries first: still the writer's turn.
+    let r2 = read_attempt(&mut conn, "rw", R2, true).await;
+    assert!(
+        r2 < 0,
+        "a reader took the key the last reader left to the waiting writer (fence {r2})"
+    );
+    let taken = write_attempt(&mut conn, "rw", W).await;
+    assert!(
+        taken > first,
+        "the writer takes it with a higher fence: {taken}"
+    );
+    let value: String = server.query(redis::cmd("GET").arg(lock_key("rw"))).await;
+    assert_eq!(value.strip_suffix('+').unwrap_or(&value), W, "W holds");
+}

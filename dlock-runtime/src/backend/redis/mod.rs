@@ -249,14 +249,16 @@ impl RedisBackend {
         Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
     }
 
-    /// The waiting attempt: `lua/acquire.lua` (acquires, or flags the holder's lock so that its
-    /// release notifies, and answers its TTL).
     /// Whether the lock's value `held` is a reservation (`~<runtime id>`, `+` appended when
-    /// flagged again) made by another runtime's release: this runtime may take the key.
+    /// flagged again) made by another runtime's release, or the writers' turn: this runtime
+    /// may take the key.
     fn reserved_for_us(&self, held: &str) -> bool {
-        held.strip_prefix('~')
-            .map(|by| by.strip_suffix('+').unwrap_or(by))
-            .is_some_and(|by| by != self.origin)
+        // The writers' turn (`^`, `lua/read_release.lua`) is every writer's.
+        held.starts_with('^')
+            || held
+                .strip_prefix('~')
+                .map(|by| by.strip_suffix('+').unwrap_or(by))
+                .is_some_and(|by| by != self.origin)
     }
 
     /// The keys and first arguments of the scripts that reserve a block of fences
@@ -272,6 +274,8 @@ impl RedisBackend {
             .arg(FENCE_BLOCK);
     }
 
+    /// The waiting attempt: `lua/acquire.lua` (acquires, or flags the holder's lock so that its
+    /// release notifies, and answers its TTL).
     async fn acquire_script(
         &self,
         key: &str,

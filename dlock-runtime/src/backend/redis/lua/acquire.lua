@@ -5,7 +5,9 @@
 -- KEYS[1]  lock `<prefix>{<key>}`: a string, the owner token, with `+` appended once somebody
 --          outside the holder's process waits (the release then publishes; without it, it
 --          does not); or, for a moment after a flagged release, `~<runtime id>`: reserved for
---          the waiters of every other runtime (release.lua)
+--          the waiters of every other runtime (release.lua); or `^` (`+` appended when flagged):
+--          the writers' turn after the last reader left while a writer waited
+--          (read_release.lua), free for any writer, not for readers
 -- KEYS[2]  fence counter `<prefix>{<key>}:fence`
 -- ARGV[1]  owner token (32 hex digits: the runtime id, then 64 random bits)
 -- ARGV[2]  lease in milliseconds (the lock's TTL)
@@ -34,7 +36,13 @@
 -- the time since that earlier counter was created.
 local held = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 local flagged = false
-if held ~= false and string.sub(held, 1, 1) == '~' then
+if held ~= false and string.sub(held, 1, 1) == '^' then
+  -- The writers' turn: the last reader left while a writer waited (read_release.lua); any
+  -- writer takes it, keeping the flag of the readers that wait meanwhile.
+  flagged = string.sub(held, -1) == '+'
+  redis.call('SET', KEYS[1], flagged and ARGV[1] .. '+' or ARGV[1], 'PX', ARGV[2])
+  held = false
+elseif held ~= false and string.sub(held, 1, 1) == '~' then
   -- Reserved after a flagged release: for every runtime but the one that released.
   flagged = string.sub(held, -1) == '+'
   local by = flagged and string.sub(held, 2, -2) or string.sub(held, 2)

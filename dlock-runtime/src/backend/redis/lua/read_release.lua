@@ -1,6 +1,8 @@
 -- A reader's release (see read_acquire.lua), only for its owner. The last reader out deletes
 -- the readers' mark, or, when somebody outside waits (`+`), reserves the key for the waiters
--- of every other runtime and publishes, as release.lua does for a writer.
+-- of every other runtime and publishes, as release.lua does for a writer; when a writer waits
+-- (the mark's writer-waiting time is still ahead), the key becomes the writers' turn (`^`)
+-- instead, so that a reader of another runtime cannot take it before the writer.
 --
 -- KEYS[1]  lock `<prefix>{<key>}`
 -- KEYS[2]  readers `<prefix>{<key>}:readers`
@@ -27,7 +29,16 @@ if last[2] then
   return 1
 end
 if is_mark then
-  if string.sub(held, -1) == '+' then
+  local flagged = string.sub(held, -1) == '+'
+  local body = string.sub(held, 2)
+  if flagged then body = string.sub(body, 1, -2) end
+  local writer_until = tonumber(body) or 0
+  if writer_until > now then
+    -- A writer waits: the key becomes the writers' turn (`^`, see acquire.lua) until its
+    -- waiting time ends; readers keep waiting behind it, whatever runtime they are of.
+    redis.call('SET', KEYS[1], flagged and '^+' or '^', 'PX', writer_until - now)
+    if flagged then redis.call(ARGV[4], ARGV[2], ARGV[3]) end
+  elseif flagged then
     redis.call('SET', KEYS[1], '~' .. ARGV[3], 'PX', ARGV[5])
     redis.call(ARGV[4], ARGV[2], ARGV[3])
   else
