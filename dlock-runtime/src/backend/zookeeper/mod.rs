@@ -13,6 +13,15 @@
 //! (or frozen) counts its lock lost no later than the server can expire it. The fencing token
 //! is the node's creation zxid (`czxid`), strictly increasing across holders.
 //!
+//! **Hand-over within the runtime**: when an exclusive holder releases and the waiter watching
+//! its node (right behind the head) is of this runtime, that waiter is told before the delete
+//! is sent and holds at once, without waiting for the delete or its event (`../successor.rs`):
+//! the holder's body has ended, the only node ahead of the waiter's is ours and is being
+//! deleted, and to every other process the head of the queue is ours throughout, so the queue
+//! stays FIFO across processes. Its fence is its own node's `czxid` as always. It takes the
+//! hand-over only while its node's session is the one in place and connected (else it waits
+//! for the node's events, as without it); its validity counts as after the event.
+//!
 //! Renewal checks that the session is connected and the node still exists as an ephemeral node
 //! of the session in place (not one of a session the client replaced); a session that
 //! expired (or a node deleted from outside) is a loss. When the client gives up on its session
@@ -45,14 +54,27 @@ use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, Se
 
 use self::path::{escape, sequence};
 use super::mode::Mode;
+use super::successor::Successors;
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
 use crate::{LockError, LockInfo};
 
 pub(crate) struct ZooKeeperBackend {
     session: Arc<Session>,
     root: String,
-    /// Owner token -> its node's full path.
-    contenders: Mutex<HashMap<String, String>>,
+    /// Owner token -> its place in a queue.
+    contenders: Mutex<HashMap<String, Place>>,
+    /// This runtime's waiters by the node they watch, for hand-overs within the process.
+    successors: Successors,
+}
+
+/// A contender's place in the queue of its key.
+#[derive(Debug, Clone)]
+struct Place {
+    /// Its node's full path.
+    node: String,
+    /// An exclusive contender that acquired (its node heads the queue) and has not yet
+    /// handed its key to the waiter of this runtime behind it (see [`Successors`]).
+    holding: bool,
 }
 
 /// The ZooKeeper session the runtime goes on with, shared with the background removals of
@@ -309,10 +331,11 @@ impl ZooKeeperBackend {
             session: Arc::new(session),
             root,
             contenders: Mutex::default(),
+            successors: Successors::default(),
         })
     }
 
-    fn contenders(&self) -> MutexGuard<'_, HashMap<String, String>> {
+    fn contenders(&self) -> MutexGuard<'_, HashMap<String, Place>> {
         // Map operations cannot be interrupted half-way: a poisoned lock is consistent.
         self.contenders
             .lock()
@@ -422,7 +445,11 @@ impl ZooKeeperBackend {
         };
         let my_seq = seq.into_i64();
         let my_node = format!("{node_prefix}{seq}");
-        self.contenders().insert(owner.to_owned(), my_node.clone());
+        let place = Place {
+            node: my_node.clone(),
+            holding: false,
+        };
+        self.contenders().insert(owner.to_owned(), place);
         let mode = Mode::of(owner);
         if mode.is_shared() {
             let fence = u64::try_from(stat.czxid).ok();
@@ -437,6 +464,54 @@ impl ZooKeeperBackend {
                 )
                 .await;
         }
+        let attempt = self
+            .wait_exclusive(key, owner, (&parent, &my_node, my_seq), &stat, deadline)
+            .await?;
+        if matches!(attempt, Attempt::Acquired { .. })
+            && let Some(place) = self.contenders().get_mut(owner)
+        {
+            // Its node heads the queue: its release may hand it to the waiter behind.
+            place.holding = true;
+        }
+        Ok(attempt)
+    }
+
+    /// The release of `owner`'s hold is about to be sent: if it was an exclusive hold that had
+    /// not handed its key over yet, tells the waiter of this runtime watching its node (right
+    /// behind the head), if there is one.
+    fn hand_over(&self, owner: &str) {
+        let node = self.contenders().get_mut(owner).and_then(|place| {
+            std::mem::take(&mut place.holding).then(|| place.node.clone())
+        });
+        if let Some(node) = node
+            && self.successors.hand_over(node.as_bytes())
+        {
+            tracing::trace!(node = %node, "handed over to the next waiter of this runtime");
+        }
+    }
+
+    /// Whether the node created with `stat` lives for sure as far as this client knows: its
+    /// session is the one in place and connected (the server expires a session only after
+    /// hearing nothing for its timeout; the client pings every third of it and reports a
+    /// silence as a disconnection first).
+    fn node_alive(&self, stat: &zookeeper_client::Stat) -> bool {
+        let client = self.session.client();
+        client.state() == SessionState::SyncConnected
+            && client.session_id().0 == stat.ephemeral_owner
+    }
+
+    /// Waits until the exclusive contender `my_node` (sequence `my_seq`) under `parent` heads
+    /// the queue (`Acquired`), or `deadline` (`Busy`, node deleted).
+    async fn wait_exclusive(
+        &self,
+        key: &str,
+        owner: &str,
+        (parent, my_node, my_seq): (&str, &str, i64),
+        stat: &zookeeper_client::Stat,
+        deadline: Instant,
+    ) -> Result<Attempt, LockError> {
+        let client = self.session.client();
+        let parent = parent.to_owned();
         loop {
             let children = self
                 .session
@@ -472,20 +547,51 @@ impl ZooKeeperBackend {
                 self.leave(key, owner).await;
                 return Ok(Attempt::Busy { ttl: None });
             }
-            let (exists, watcher) = self
-                .session
-                .bounded(
-                    Some(key),
-                    "watch failed",
-                    client.check_and_watch_stat(&predecessor),
-                )
-                .await?;
-            if exists.is_none() {
-                continue;
-            }
-            let Ok(event) = tokio::time::timeout_at(deadline, watcher.changed()).await else {
-                self.leave(key, owner).await;
-                return Ok(Attempt::Busy { ttl: None });
+            // Known to the holders of this runtime from now until this iteration ends: the
+            // predecessor's release, if it is ours, hands the key over (see `Successors`).
+            let mut handed = self.successors.watch(predecessor.as_bytes());
+            let watched = self.session.bounded(
+                Some(key),
+                "watch failed",
+                client.check_and_watch_stat(&predecessor),
+            );
+            let woken = async {
+                let (exists, watcher) = tokio::select! {
+                    biased;
+                    () = handed.handed() => return Ok(None),
+                    watched = watched => watched?,
+                };
+                if exists.is_none() {
+                    return Ok(Some(None));
+                }
+                let changed = watcher.changed();
+                tokio::pin!(changed);
+                tokio::select! {
+                    biased;
+                    () = handed.handed() => Ok(None),
+                    event = &mut changed => Ok(Some(Some(event))),
+                }
+            };
+            let woken: Result<_, LockError> = match tokio::time::timeout_at(deadline, woken).await {
+                Ok(woken) => woken,
+                Err(_) => {
+                    drop(handed);
+                    self.leave(key, owner).await;
+                    return Ok(Attempt::Busy { ttl: None });
+                }
+            };
+            let event = match woken? {
+                // The holder ahead is ours and released: first in line, if the node lives for
+                // sure (else the node's own events decide, as without the hand-over).
+                None if self.node_alive(stat) => {
+                    return Ok(Attempt::Acquired {
+                        fence: u64::try_from(stat.czxid).ok(),
+                    });
+                }
+                None => continue,
+                // The predecessor was gone already: look again.
+                Some(None) => continue,
+                Some(Some(event)) => event,
             };
             if behind_the_head && event.event_type == EventType::NodeDeleted {
                 // The holder released (or its session ended): ours, without listing again.
@@ -498,7 +604,7 @@ impl ZooKeeperBackend {
 
     /// Gives up `owner`'s place in the queue of `key`, if it has one.
     async fn leave(&self, key: &str, owner: &str) {
-        let Some(node) = self.contenders().remove(owner) else {
+        let Some(Place { node, .. }) = self.contenders().remove(owner) else {
             return;
         };
         let client = self.session.client();
@@ -544,7 +650,7 @@ impl Backend for ZooKeeperBackend {
         let state = client.state();
         let mut out = Vec::with_capacity(batch.len());
         for item in batch {
-            let Some(node) = self.contenders().get(&item.owner).cloned() else {
+            let Some(node) = self.contenders().get(&item.owner).map(|p| p.node.clone()) else {
                 out.push(Some(false));
                 continue;
             };
@@ -575,7 +681,10 @@ impl Backend for ZooKeeperBackend {
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
         let session = &self.session;
         let what = "release failed";
-        let Some(node) = self.contenders().get(owner).cloned() else {
+        // Before the delete is sent: the waiter of this runtime right behind the holder takes
+        // over now (see `Successors`); the delete's answer is still this release's.
+        self.hand_over(owner);
+        let Some(node) = self.contenders().get(owner).map(|p| p.node.clone()) else {
             // No record: a create may have landed after its acquire was cancelled. Its name
             // carries the owner token.
             return match session
@@ -637,7 +746,7 @@ impl Backend for ZooKeeperBackend {
         // it when the hold ends (retried until the server answers). Should the process exit
         // (or its session expire) before that, the server deletes it with the session: the
         // key frees early then.
-        let Some(node) = self.contenders().get(owner).cloned() else {
+        let Some(node) = self.contenders().get(owner).map(|p| p.node.clone()) else {
             // No record (a release from a new connection): a node of this owner, if any, goes
             // when the hold ends.
             self.remove_after(key, owner, hold);
