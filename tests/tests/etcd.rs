@@ -1432,10 +1432,7 @@ async fn waiter_of_the_same_runtime_takes_the_lock_without_waiting_for_etcd() {
 async fn local_hand_overs_keep_the_queue_order_across_runtimes() {
     let etcd = EtcdServer::start();
     let key = "etcd:handover:fifo";
-    let (a, b) = (
-        runtime(etcd.cluster()).await,
-        runtime(etcd.cluster()).await,
-    );
+    let (a, b) = (runtime(etcd.cluster()).await, runtime(etcd.cluster()).await);
     let holder = a.lock(key).held("A holds").await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();

@@ -1042,9 +1042,11 @@ async fn waiter_of_the_same_runtime_takes_the_lock_without_waiting_for_zookeeper
     // The holder's delete lands (now or in the background), the waiter's hold goes on, and
     // its release leaves nothing behind.
     let _ = release.await.expect("the holder's release task");
-    eventually(Duration::from_secs(10), "the holder's node is gone", || async {
-        !queue_of(&zk, key).contains(&queued[0])
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the holder's node is gone",
+        || async { !queue_of(&zk, key).contains(&queued[0]) },
+    )
     .await;
     assert!(!guard.is_lost(), "the handed hold is kept");
     guard.release().await.expect("the new holder releases");

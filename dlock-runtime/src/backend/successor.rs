@@ -122,7 +122,9 @@ mod tests {
     use super::*;
 
     async fn handed_within(watching: &mut Watching<'_>, within: Duration) -> bool {
-        tokio::time::timeout(within, watching.handed()).await.is_ok()
+        tokio::time::timeout(within, watching.handed())
+            .await
+            .is_ok()
     }
 
     #[tokio::test]

@@ -19,8 +19,11 @@
 //! the holder's body has ended, the only node ahead of the waiter's is ours and is being
 //! deleted, and to every other process the head of the queue is ours throughout, so the queue
 //! stays FIFO across processes. Its fence is its own node's `czxid` as always. It takes the
-//! hand-over only while its node's session is the one in place and connected (else it waits
-//! for the node's events, as without it); its validity counts as after the event.
+//! hand-over only while its node's session is the one in place, connected, and confirmed by
+//! an answer to a call sent within the last half of the negotiated timeout (else it waits for
+//! the node's events, as without it); its validity counts from that call's send time, before
+//! which the server cannot have expired the session. A holder frozen past its session timeout
+//! thus hands nothing to a waiter of its process whose node went with the session.
 //!
 //! Renewal checks that the session is connected and the node still exists as an ephemeral node
 //! of the session in place (not one of a session the client replaced); a session that
@@ -87,6 +90,11 @@ struct Session {
     /// The session timeout the server granted to the current session, in nanoseconds: what
     /// the runtime counts on (see the module docs).
     negotiated: AtomicU64,
+    /// Reference point of `confirmed`.
+    base: Instant,
+    /// Send time of the latest call the server answered, as nanoseconds after `base`: the
+    /// server expires the session no earlier than that plus the negotiated timeout.
+    confirmed: AtomicU64,
     timeout: Duration,
     /// Held by the one task recovering a session, so that concurrent failures open one.
     recovering: tokio::sync::Mutex<()>,
@@ -182,6 +190,17 @@ impl Session {
         Duration::from_nanos(self.negotiated.load(Ordering::Acquire))
     }
 
+    /// Records that the server answered a call sent at `sent_at`.
+    fn confirm(&self, sent_at: Instant) {
+        let after = nanos(sent_at.saturating_duration_since(self.base));
+        self.confirmed.fetch_max(after, Ordering::AcqRel);
+    }
+
+    /// When the latest call the server answered was sent.
+    fn confirmed(&self) -> Instant {
+        self.base + Duration::from_nanos(self.confirmed.load(Ordering::Acquire))
+    }
+
     fn client(&self) -> Client {
         self.client
             .read()
@@ -223,6 +242,8 @@ impl Session {
         // the new session's timeout (a server restarted with other limits may grant another).
         self.negotiated
             .store(nanos(client.session_timeout()), Ordering::Release);
+        // Answers on the session replaced say nothing of this one.
+        self.confirmed.store(0, Ordering::Release);
         *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
         if resumed {
             tracing::warn!(
@@ -242,13 +263,18 @@ impl Session {
         what: &str,
         fut: impl std::future::Future<Output = Result<T, ZkError>>,
     ) -> Result<Result<T, ZkError>, LockError> {
-        tokio::time::timeout(self.timeout, fut).await.map_err(|_| {
+        let sent_at = Instant::now();
+        let answer = tokio::time::timeout(self.timeout, fut).await.map_err(|_| {
             LockError::backend(
                 key,
                 format!("{what}: no reply within {:?}", self.timeout),
                 None,
             )
-        })
+        })?;
+        if answer.as_ref().map_or_else(answered, |_| true) {
+            self.confirm(sent_at);
+        }
+        Ok(answer)
     }
 
     /// An engine error as `Backend`, opening a new session first if the old one expired.
@@ -320,6 +346,8 @@ impl ZooKeeperBackend {
         let root = format!("/{}", escape(prefix.trim_end_matches(':')));
         let session = Session {
             negotiated: AtomicU64::new(nanos(client.session_timeout())),
+            base: Instant::now(),
+            confirmed: AtomicU64::new(0),
             client: RwLock::new(client),
             connect: connect.to_owned(),
             requested: session_timeout,
@@ -407,7 +435,7 @@ impl ZooKeeperBackend {
     }
 
     /// Queues in `key` until first in line (`Acquired`) or `deadline` (`Busy`, node deleted).
-    async fn queue(&self, key: &str, owner: &str, deadline: Instant) -> Result<Attempt, LockError> {
+    async fn queue(&self, key: &str, owner: &str, deadline: Instant) -> Result<Queued, LockError> {
         let client = self.session.client();
         let parent = self.parent(key);
         let acls = Acls::anyone_all();
@@ -453,7 +481,7 @@ impl ZooKeeperBackend {
         let mode = Mode::of(owner);
         if mode.is_shared() {
             let fence = u64::try_from(stat.czxid).ok();
-            return self
+            let attempt = self
                 .wait_shared(
                     key,
                     owner,
@@ -462,27 +490,29 @@ impl ZooKeeperBackend {
                     deadline,
                     mode,
                 )
-                .await;
+                .await?;
+            return Ok(Queued::kept_alive(attempt));
         }
-        let attempt = self
+        let queued = self
             .wait_exclusive(key, owner, (&parent, &my_node, my_seq), &stat, deadline)
             .await?;
-        if matches!(attempt, Attempt::Acquired { .. })
+        if matches!(queued.attempt, Attempt::Acquired { .. })
             && let Some(place) = self.contenders().get_mut(owner)
         {
             // Its node heads the queue: its release may hand it to the waiter behind.
             place.holding = true;
         }
-        Ok(attempt)
+        Ok(queued)
     }
 
     /// The release of `owner`'s hold is about to be sent: if it was an exclusive hold that had
     /// not handed its key over yet, tells the waiter of this runtime watching its node (right
     /// behind the head), if there is one.
     fn hand_over(&self, owner: &str) {
-        let node = self.contenders().get_mut(owner).and_then(|place| {
-            std::mem::take(&mut place.holding).then(|| place.node.clone())
-        });
+        let node = self
+            .contenders()
+            .get_mut(owner)
+            .and_then(|place| std::mem::take(&mut place.holding).then(|| place.node.clone()));
         if let Some(node) = node
             && self.successors.hand_over(node.as_bytes())
         {
@@ -490,14 +520,18 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Whether the node created with `stat` lives for sure as far as this client knows: its
-    /// session is the one in place and connected (the server expires a session only after
-    /// hearing nothing for its timeout; the client pings every third of it and reports a
-    /// silence as a disconnection first).
-    fn node_alive(&self, stat: &zookeeper_client::Stat) -> bool {
+    /// Since when the node created with `stat` lives for sure, for the negotiated session
+    /// timeout, if it does as far as this client knows: its session is the one in place and
+    /// connected, and the server answered a call sent within the last half of the timeout
+    /// (the server expires a session no earlier than the timeout after the last call it
+    /// heard; the watchdog's renewals call every third of it). `None`: not known.
+    fn node_alive_since(&self, stat: &zookeeper_client::Stat) -> Option<Instant> {
         let client = self.session.client();
-        client.state() == SessionState::SyncConnected
-            && client.session_id().0 == stat.ephemeral_owner
+        let confirmed = self.session.confirmed();
+        let in_place = client.state() == SessionState::SyncConnected
+            && client.session_id().0 == stat.ephemeral_owner;
+        (in_place && Instant::now() < confirmed + self.session.negotiated() / 2)
+            .then_some(confirmed)
     }
 
     /// Waits until the exclusive contender `my_node` (sequence `my_seq`) under `parent` heads
@@ -509,7 +543,9 @@ impl ZooKeeperBackend {
         (parent, my_node, my_seq): (&str, &str, i64),
         stat: &zookeeper_client::Stat,
         deadline: Instant,
-    ) -> Result<Attempt, LockError> {
+    ) -> Result<Queued, LockError> {
+        let fence = u64::try_from(stat.czxid).ok();
+        let acquired = Queued::kept_alive(Attempt::Acquired { fence });
         let client = self.session.client();
         let parent = parent.to_owned();
         loop {
@@ -539,13 +575,11 @@ impl ZooKeeperBackend {
                         None,
                     ));
                 }
-                return Ok(Attempt::Acquired {
-                    fence: u64::try_from(stat.czxid).ok(),
-                });
+                return Ok(acquired);
             };
             if Instant::now() >= deadline {
                 self.leave(key, owner).await;
-                return Ok(Attempt::Busy { ttl: None });
+                return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
             }
             // Known to the holders of this runtime from now until this iteration ends: the
             // predecessor's release, if it is ours, hands the key over (see `Successors`).
@@ -577,27 +611,29 @@ impl ZooKeeperBackend {
                 Err(_) => {
                     drop(handed);
                     self.leave(key, owner).await;
-                    return Ok(Attempt::Busy { ttl: None });
+                    return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
                 }
             };
             let event = match woken? {
                 // The holder ahead is ours and released: first in line, if the node lives for
-                // sure (else the node's own events decide, as without the hand-over).
-                None if self.node_alive(stat) => {
-                    return Ok(Attempt::Acquired {
-                        fence: u64::try_from(stat.czxid).ok(),
-                    });
-                }
-                None => continue,
+                // sure, counted from the session's last confirmation (else the node's own
+                // events decide, as without the hand-over).
+                None => match self.node_alive_since(stat) {
+                    Some(since) => {
+                        return Ok(Queued {
+                            attempt: Attempt::Acquired { fence },
+                            confirmed: Some(since),
+                        });
+                    }
+                    None => continue,
+                },
                 // The predecessor was gone already: look again.
                 Some(None) => continue,
                 Some(Some(event)) => event,
             };
             if behind_the_head && event.event_type == EventType::NodeDeleted {
                 // The holder released (or its session ended): ours, without listing again.
-                return Ok(Attempt::Acquired {
-                    fence: u64::try_from(stat.czxid).ok(),
-                });
+                return Ok(acquired);
             }
         }
     }
@@ -625,7 +661,7 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn try_acquire(&self, key: &str, owner: &str, _lease: Duration) -> EngineResult<Attempt> {
-        self.queue(key, owner, Instant::now()).await
+        Ok(self.queue(key, owner, Instant::now()).await?.attempt)
     }
 
     async fn acquire_queued(
@@ -635,8 +671,7 @@ impl Backend for ZooKeeperBackend {
         ask: Queueing,
     ) -> Result<Queued, LockError> {
         // The session (pinged every third of its timeout) keeps the node alive.
-        let attempt = self.queue(key, owner, ask.deadline).await?;
-        Ok(Queued::kept_alive(attempt))
+        self.queue(key, owner, ask.deadline).await
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
@@ -659,8 +694,11 @@ impl Backend for ZooKeeperBackend {
                     Some(false)
                 }
                 SessionState::Disconnected => None,
-                _ => match tokio::time::timeout(self.session.timeout, client.check_stat(&node))
+                _ => match self
+                    .session
+                    .within(None, "renewal failed", client.check_stat(&node))
                     .await
+                    .map_err(|_| ())
                 {
                     // Ours only while it is an ephemeral node of the session in place: a node
                     // of a session the client replaced (the server keeps it until it expires
