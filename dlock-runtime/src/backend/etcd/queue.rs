@@ -1,5 +1,6 @@
 //! The FIFO queue of one key in etcd: join (one transaction), wait for the predecessor's key to
-//! go, confirm that the key and lease are still there, leave (delete).
+//! go (or for a holder of this runtime ahead to hand the key over, `../successor.rs`), confirm
+//! that the key and lease are still there, leave (delete).
 
 use std::time::Duration;
 
