@@ -23,6 +23,11 @@
 //! lock whose lease is not renewed (its lease runs from the first acquisition), a lock known
 //! lost, a read lock or semaphore permit (never handed, nor handed to: the key is shared),
 //! and engines whose tokens cannot be reserved in blocks (block of 1).
+//!
+//! Engines with a queue of their own (etcd, ZooKeeper) do not come here: their waiters queue
+//! in the engine, each with an entry of its own whose creation is its fence, and the engine
+//! hands a released key to the waiter of this runtime right behind the holder without a round
+//! trip (`backend/successor.rs`), in the engine's FIFO order across processes.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;

@@ -25,6 +25,8 @@ pub(crate) mod mode;
 pub(crate) mod redis;
 #[cfg(feature = "redis")]
 pub(crate) mod redlock;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) mod successor;
 pub(crate) mod url;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;

@@ -19,7 +19,19 @@
 //!   and renews its lease in the same round trip unless the runtime confirmed it lately (etcd
 //!   3.4 was seen granting a queued waiter whose lease had expired);
 //! - release deletes the key (one request: a delete that finds nothing means the lock was
-//!   lost); a deadline or a cancellation does the same (the runtime's compensating release).
+//!   lost); a deadline or a cancellation does the same (the runtime's compensating release);
+//! - **hand-over within the runtime**: when an exclusive holder releases and the waiter
+//!   watching its key (right behind the head) is of this runtime, that waiter is told before
+//!   the delete is sent and holds at once, without waiting for the delete to commit, its event,
+//!   or a confirmation read (`../successor.rs`): the holder's body has ended, the only key
+//!   ahead of the waiter's is ours and is being deleted, and to every other process the head
+//!   of the queue is ours throughout, so the queue stays FIFO across processes. Its fence is
+//!   its own create revision as always. It takes the hand-over only when its shared lease was
+//!   confirmed within the last half of its TTL (its key lives, unless deleted from outside,
+//!   which its first renewal finds as for any holder), counting from that confirmation; else
+//!   it confirms as after the event. A delete that fails or times out leaves the holder's key
+//!   (still ours, ahead of everyone) to the background removal; the release's answer is the
+//!   delete's, as without the hand-over.
 //!
 //! Renewal is one keep-alive per lease in the batch plus one read of every key of the batch,
 //! both at once: a lease expired or revoked, or a key deleted from outside, is a loss. A lock
@@ -42,6 +54,7 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use self::lease::{SharedLease, SharedLeases};
+use super::successor::Successors;
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
 use crate::backend::mode::{Mode, holding_now};
 use crate::{LockError, LockInfo};
@@ -53,6 +66,9 @@ struct Contender {
     key: String,
     /// The runtime's shared lease it is attached to; `None`: a lease of its own (hard cap).
     shared: Option<Arc<SharedLease>>,
+    /// An exclusive contender that acquired (its key heads the queue) and has not yet handed
+    /// its key to the waiter of this runtime behind it (see [`Successors`]).
+    holding: bool,
 }
 
 pub(crate) struct EtcdBackend {
@@ -63,6 +79,8 @@ pub(crate) struct EtcdBackend {
     contenders: Arc<Mutex<HashMap<String, Contender>>>,
     /// The leases renewed locks share, by TTL.
     leases: SharedLeases,
+    /// This runtime's waiters by the key they watch, for hand-overs within the process.
+    successors: Successors,
     /// Held while the backend lives: background deletes stop once it is gone.
     alive: Arc<()>,
 }
@@ -125,6 +143,7 @@ impl EtcdBackend {
             timeout,
             contenders: Arc::default(),
             leases: SharedLeases::default(),
+            successors: Successors::default(),
             alive: Arc::new(()),
         };
         // Prove the cluster answers (the client connects lazily).
@@ -388,6 +407,9 @@ impl Backend for EtcdBackend {
         // Named by the owner token: known also to a release from a new connection (once the
         // runtime's own is gone), which did not queue it.
         let contender_key = self.contender_key(key, owner);
+        // Before the delete is sent: the waiter of this runtime right behind the holder takes
+        // over now (see `queue.rs`); the delete's answer is still this release's.
+        self.hand_over(owner, &contender_key);
         let ours = contender_key.as_str();
         let deleted = match self
             .bounded(Some(key), "release failed", |mut c| async move {

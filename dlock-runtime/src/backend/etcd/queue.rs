@@ -1,5 +1,6 @@
 //! The FIFO queue of one key in etcd: join (one transaction), wait for the predecessor's key to
-//! go, confirm that the key and lease are still there, leave (delete).
+//! go (or for a holder of this runtime ahead to hand the key over, `../successor.rs`), confirm
+//! that the key and lease are still there, leave (delete).
 
 use std::time::Duration;
 
@@ -134,6 +135,36 @@ impl EtcdBackend {
         if mode.is_shared() {
             return self.queue_shared(key, owner, ask, mode).await;
         }
+        let queued = self.queue_exclusive(key, owner, ask).await?;
+        if matches!(queued.attempt, Attempt::Acquired { .. })
+            && let Some(contender) = self.contenders().get_mut(owner)
+        {
+            // Its key heads the queue: its release may hand it to the waiter behind.
+            contender.holding = true;
+        }
+        Ok(queued)
+    }
+
+    /// The release of `owner`'s hold (its key `contender_key`) is about to be sent: if it was
+    /// an exclusive hold that had not handed its key over yet, tells the waiter of this runtime
+    /// watching that key (right behind the head), if there is one.
+    pub(super) fn hand_over(&self, owner: &str, contender_key: &str) {
+        let holding = self
+            .contenders()
+            .get_mut(owner)
+            .is_some_and(|c| std::mem::take(&mut c.holding));
+        if holding && self.successors.hand_over(contender_key.as_bytes()) {
+            tracing::trace!(key = %contender_key, "handed over to the next waiter of this runtime");
+        }
+    }
+
+    /// [`queue`](Self::queue) for an exclusive lock.
+    async fn queue_exclusive(
+        &self,
+        key: &str,
+        owner: &str,
+        ask: Queueing,
+    ) -> Result<Queued, LockError> {
         let deadline = ask.deadline;
         let contender_key = self.contender_key(key, owner);
         let mut retried = false;
@@ -147,6 +178,7 @@ impl EtcdBackend {
                     lease: lease_id,
                     key: contender_key.clone(),
                     shared: shared.clone(),
+                    holding: false,
                 },
             );
             let contender = contender_key.as_str();
@@ -236,18 +268,21 @@ impl EtcdBackend {
                 let ttl = Duration::from_secs(u64::try_from(ttl_seconds(ask.lease)).unwrap_or(1));
                 keeper = Some(AbortOnDrop(self.keep_alive_while_queued(lease_id, ttl)));
             }
+            // Known to the holders of this runtime from now until this iteration ends: the
+            // predecessor's release, if it is ours, hands the key over (see `Successors`).
+            let mut handed = self.successors.watch(&predecessor_key);
             let predecessor_key = &predecessor_key;
-            let mut watch = self
-                .bounded(Some(key), "watch failed", |mut c| async move {
-                    c.watch(
-                        predecessor_key.clone(),
-                        Some(WatchOptions::new().with_start_revision(from)),
-                    )
-                    .await
-                })
-                .await?;
             // `true` when the predecessor was deleted; `false` when the watch ended otherwise.
             let deleted = async {
+                let mut watch = self
+                    .bounded(Some(key), "watch failed", |mut c| async move {
+                        c.watch(
+                            predecessor_key.clone(),
+                            Some(WatchOptions::new().with_start_revision(from)),
+                        )
+                        .await
+                    })
+                    .await?;
                 loop {
                     match watch.message().await {
                         Ok(Some(resp)) => {
@@ -256,20 +291,44 @@ impl EtcdBackend {
                                 .iter()
                                 .any(|e| e.event_type() == EventType::Delete)
                             {
-                                return true;
+                                return Ok(true);
                             }
                             if resp.canceled() {
-                                return false;
+                                return Ok(false);
                             }
                         }
                         // The stream ended or failed: look again (bounded by the loop).
-                        _ => return false,
+                        _ => return Ok::<_, LockError>(false),
                     }
                 }
             };
-            let Ok(deleted) = tokio::time::timeout_at(deadline, deleted).await else {
+            let woken = async {
+                tokio::select! {
+                    biased;
+                    () = handed.handed() => Ok(None),
+                    deleted = deleted => deleted.map(Some),
+                }
+            };
+            let Ok(woken) = tokio::time::timeout_at(deadline, woken).await else {
+                drop(handed);
                 self.leave(owner).await;
                 return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
+            };
+            let Some(deleted) = woken? else {
+                // The holder ahead is ours and released: first in line. With the shared lease
+                // confirmed lately, the key lives for sure (counted from that confirmation),
+                // nothing to ask the server; else the confirmation as after the event.
+                if let Some(shared) = shared.as_ref().filter(|l| l.is_fresh(Instant::now())) {
+                    return Ok(Queued {
+                        attempt: Attempt::Acquired {
+                            fence: u64::try_from(my_revision).ok(),
+                        },
+                        confirmed: Some(shared.confirmed()),
+                    });
+                }
+                return self
+                    .confirm_first(key, &contender_key, lease_id, &shared, my_revision)
+                    .await;
             };
             if deleted && behind_the_head {
                 // The holder released (or its lease ended): first in line, without looking up

@@ -34,6 +34,7 @@ impl EtcdBackend {
                 lease: lease_id,
                 key: contender_key.clone(),
                 shared: shared.clone(),
+                holding: false,
             },
         );
         let contender = contender_key.as_str();

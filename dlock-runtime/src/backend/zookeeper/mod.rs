@@ -13,6 +13,18 @@
 //! (or frozen) counts its lock lost no later than the server can expire it. The fencing token
 //! is the node's creation zxid (`czxid`), strictly increasing across holders.
 //!
+//! **Hand-over within the runtime**: when an exclusive holder releases and the waiter watching
+//! its node (right behind the head) is of this runtime, that waiter is told before the delete
+//! is sent and holds at once, without waiting for the delete or its event (`../successor.rs`):
+//! the holder's body has ended, the only node ahead of the waiter's is ours and is being
+//! deleted, and to every other process the head of the queue is ours throughout, so the queue
+//! stays FIFO across processes. Its fence is its own node's `czxid` as always. It takes the
+//! hand-over only while its node's session is the one in place, connected, and confirmed by
+//! an answer to a call sent within the last half of the negotiated timeout (else it waits for
+//! the node's events, as without it); its validity counts from that call's send time, before
+//! which the server cannot have expired the session. A holder frozen past its session timeout
+//! thus hands nothing to a waiter of its process whose node went with the session.
+//!
 //! Renewal checks that the session is connected and the node still exists as an ephemeral node
 //! of the session in place (not one of a session the client replaced); a session that
 //! expired (or a node deleted from outside) is a loss. When the client gives up on its session
@@ -45,14 +57,27 @@ use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, Se
 
 use self::path::{escape, sequence};
 use super::mode::Mode;
+use super::successor::Successors;
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
 use crate::{LockError, LockInfo};
 
 pub(crate) struct ZooKeeperBackend {
     session: Arc<Session>,
     root: String,
-    /// Owner token -> its node's full path.
-    contenders: Mutex<HashMap<String, String>>,
+    /// Owner token -> its place in a queue.
+    contenders: Mutex<HashMap<String, Place>>,
+    /// This runtime's waiters by the node they watch, for hand-overs within the process.
+    successors: Successors,
+}
+
+/// A contender's place in the queue of its key.
+#[derive(Debug, Clone)]
+struct Place {
+    /// Its node's full path.
+    node: String,
+    /// An exclusive contender that acquired (its node heads the queue) and has not yet
+    /// handed its key to the waiter of this runtime behind it (see [`Successors`]).
+    holding: bool,
 }
 
 /// The ZooKeeper session the runtime goes on with, shared with the background removals of
@@ -65,6 +90,11 @@ struct Session {
     /// The session timeout the server granted to the current session, in nanoseconds: what
     /// the runtime counts on (see the module docs).
     negotiated: AtomicU64,
+    /// Reference point of `confirmed`.
+    base: Instant,
+    /// Send time of the latest call the server answered, as nanoseconds after `base`: the
+    /// server expires the session no earlier than that plus the negotiated timeout.
+    confirmed: AtomicU64,
     timeout: Duration,
     /// Held by the one task recovering a session, so that concurrent failures open one.
     recovering: tokio::sync::Mutex<()>,
@@ -160,6 +190,17 @@ impl Session {
         Duration::from_nanos(self.negotiated.load(Ordering::Acquire))
     }
 
+    /// Records that the server answered a call sent at `sent_at`.
+    fn confirm(&self, sent_at: Instant) {
+        let after = nanos(sent_at.saturating_duration_since(self.base));
+        self.confirmed.fetch_max(after, Ordering::AcqRel);
+    }
+
+    /// When the latest call the server answered was sent.
+    fn confirmed(&self) -> Instant {
+        self.base + Duration::from_nanos(self.confirmed.load(Ordering::Acquire))
+    }
+
     fn client(&self) -> Client {
         self.client
             .read()
@@ -201,6 +242,8 @@ impl Session {
         // the new session's timeout (a server restarted with other limits may grant another).
         self.negotiated
             .store(nanos(client.session_timeout()), Ordering::Release);
+        // Answers on the session replaced say nothing of this one.
+        self.confirmed.store(0, Ordering::Release);
         *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
         if resumed {
             tracing::warn!(
@@ -220,13 +263,18 @@ impl Session {
         what: &str,
         fut: impl std::future::Future<Output = Result<T, ZkError>>,
     ) -> Result<Result<T, ZkError>, LockError> {
-        tokio::time::timeout(self.timeout, fut).await.map_err(|_| {
+        let sent_at = Instant::now();
+        let answer = tokio::time::timeout(self.timeout, fut).await.map_err(|_| {
             LockError::backend(
                 key,
                 format!("{what}: no reply within {:?}", self.timeout),
                 None,
             )
-        })
+        })?;
+        if answer.as_ref().map_or_else(answered, |_| true) {
+            self.confirm(sent_at);
+        }
+        Ok(answer)
     }
 
     /// An engine error as `Backend`, opening a new session first if the old one expired.
@@ -298,6 +346,8 @@ impl ZooKeeperBackend {
         let root = format!("/{}", escape(prefix.trim_end_matches(':')));
         let session = Session {
             negotiated: AtomicU64::new(nanos(client.session_timeout())),
+            base: Instant::now(),
+            confirmed: AtomicU64::new(0),
             client: RwLock::new(client),
             connect: connect.to_owned(),
             requested: session_timeout,
@@ -309,10 +359,11 @@ impl ZooKeeperBackend {
             session: Arc::new(session),
             root,
             contenders: Mutex::default(),
+            successors: Successors::default(),
         })
     }
 
-    fn contenders(&self) -> MutexGuard<'_, HashMap<String, String>> {
+    fn contenders(&self) -> MutexGuard<'_, HashMap<String, Place>> {
         // Map operations cannot be interrupted half-way: a poisoned lock is consistent.
         self.contenders
             .lock()
@@ -384,7 +435,7 @@ impl ZooKeeperBackend {
     }
 
     /// Queues in `key` until first in line (`Acquired`) or `deadline` (`Busy`, node deleted).
-    async fn queue(&self, key: &str, owner: &str, deadline: Instant) -> Result<Attempt, LockError> {
+    async fn queue(&self, key: &str, owner: &str, deadline: Instant) -> Result<Queued, LockError> {
         let client = self.session.client();
         let parent = self.parent(key);
         let acls = Acls::anyone_all();
@@ -422,11 +473,15 @@ impl ZooKeeperBackend {
         };
         let my_seq = seq.into_i64();
         let my_node = format!("{node_prefix}{seq}");
-        self.contenders().insert(owner.to_owned(), my_node.clone());
+        let place = Place {
+            node: my_node.clone(),
+            holding: false,
+        };
+        self.contenders().insert(owner.to_owned(), place);
         let mode = Mode::of(owner);
         if mode.is_shared() {
             let fence = u64::try_from(stat.czxid).ok();
-            return self
+            let attempt = self
                 .wait_shared(
                     key,
                     owner,
@@ -435,8 +490,64 @@ impl ZooKeeperBackend {
                     deadline,
                     mode,
                 )
-                .await;
+                .await?;
+            return Ok(Queued::kept_alive(attempt));
         }
+        let queued = self
+            .wait_exclusive(key, owner, (&parent, &my_node, my_seq), &stat, deadline)
+            .await?;
+        if matches!(queued.attempt, Attempt::Acquired { .. })
+            && let Some(place) = self.contenders().get_mut(owner)
+        {
+            // Its node heads the queue: its release may hand it to the waiter behind.
+            place.holding = true;
+        }
+        Ok(queued)
+    }
+
+    /// The release of `owner`'s hold is about to be sent: if it was an exclusive hold that had
+    /// not handed its key over yet, tells the waiter of this runtime watching its node (right
+    /// behind the head), if there is one.
+    fn hand_over(&self, owner: &str) {
+        let node = self
+            .contenders()
+            .get_mut(owner)
+            .and_then(|place| std::mem::take(&mut place.holding).then(|| place.node.clone()));
+        if let Some(node) = node
+            && self.successors.hand_over(node.as_bytes())
+        {
+            tracing::trace!(node = %node, "handed over to the next waiter of this runtime");
+        }
+    }
+
+    /// Since when the node created with `stat` lives for sure, for the negotiated session
+    /// timeout, if it does as far as this client knows: its session is the one in place and
+    /// connected, and the server answered a call sent within the last half of the timeout
+    /// (the server expires a session no earlier than the timeout after the last call it
+    /// heard; the watchdog's renewals call every third of it). `None`: not known.
+    fn node_alive_since(&self, stat: &zookeeper_client::Stat) -> Option<Instant> {
+        let client = self.session.client();
+        let confirmed = self.session.confirmed();
+        let in_place = client.state() == SessionState::SyncConnected
+            && client.session_id().0 == stat.ephemeral_owner;
+        (in_place && Instant::now() < confirmed + self.session.negotiated() / 2)
+            .then_some(confirmed)
+    }
+
+    /// Waits until the exclusive contender `my_node` (sequence `my_seq`) under `parent` heads
+    /// the queue (`Acquired`), or `deadline` (`Busy`, node deleted).
+    async fn wait_exclusive(
+        &self,
+        key: &str,
+        owner: &str,
+        (parent, my_node, my_seq): (&str, &str, i64),
+        stat: &zookeeper_client::Stat,
+        deadline: Instant,
+    ) -> Result<Queued, LockError> {
+        let fence = u64::try_from(stat.czxid).ok();
+        let acquired = Queued::kept_alive(Attempt::Acquired { fence });
+        let client = self.session.client();
+        let parent = parent.to_owned();
         loop {
             let children = self
                 .session
@@ -464,41 +575,72 @@ impl ZooKeeperBackend {
                         None,
                     ));
                 }
-                return Ok(Attempt::Acquired {
-                    fence: u64::try_from(stat.czxid).ok(),
-                });
+                return Ok(acquired);
             };
             if Instant::now() >= deadline {
                 self.leave(key, owner).await;
-                return Ok(Attempt::Busy { ttl: None });
+                return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
             }
-            let (exists, watcher) = self
-                .session
-                .bounded(
-                    Some(key),
-                    "watch failed",
-                    client.check_and_watch_stat(&predecessor),
-                )
-                .await?;
-            if exists.is_none() {
-                continue;
-            }
-            let Ok(event) = tokio::time::timeout_at(deadline, watcher.changed()).await else {
-                self.leave(key, owner).await;
-                return Ok(Attempt::Busy { ttl: None });
+            // Known to the holders of this runtime from now until this iteration ends: the
+            // predecessor's release, if it is ours, hands the key over (see `Successors`).
+            let mut handed = self.successors.watch(predecessor.as_bytes());
+            let watched = self.session.bounded(
+                Some(key),
+                "watch failed",
+                client.check_and_watch_stat(&predecessor),
+            );
+            let woken = async {
+                let (exists, watcher) = tokio::select! {
+                    biased;
+                    () = handed.handed() => return Ok(None),
+                    watched = watched => watched?,
+                };
+                if exists.is_none() {
+                    return Ok(Some(None));
+                }
+                let changed = watcher.changed();
+                tokio::pin!(changed);
+                tokio::select! {
+                    biased;
+                    () = handed.handed() => Ok(None),
+                    event = &mut changed => Ok(Some(Some(event))),
+                }
+            };
+            let woken: Result<_, LockError> = match tokio::time::timeout_at(deadline, woken).await {
+                Ok(woken) => woken,
+                Err(_) => {
+                    drop(handed);
+                    self.leave(key, owner).await;
+                    return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
+                }
+            };
+            let event = match woken? {
+                // The holder ahead is ours and released: first in line, if the node lives for
+                // sure, counted from the session's last confirmation (else the node's own
+                // events decide, as without the hand-over).
+                None => match self.node_alive_since(stat) {
+                    Some(since) => {
+                        return Ok(Queued {
+                            attempt: Attempt::Acquired { fence },
+                            confirmed: Some(since),
+                        });
+                    }
+                    None => continue,
+                },
+                // The predecessor was gone already: look again.
+                Some(None) => continue,
+                Some(Some(event)) => event,
             };
             if behind_the_head && event.event_type == EventType::NodeDeleted {
                 // The holder released (or its session ended): ours, without listing again.
-                return Ok(Attempt::Acquired {
-                    fence: u64::try_from(stat.czxid).ok(),
-                });
+                return Ok(acquired);
             }
         }
     }
 
     /// Gives up `owner`'s place in the queue of `key`, if it has one.
     async fn leave(&self, key: &str, owner: &str) {
-        let Some(node) = self.contenders().remove(owner) else {
+        let Some(Place { node, .. }) = self.contenders().remove(owner) else {
             return;
         };
         let client = self.session.client();
@@ -519,7 +661,7 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn try_acquire(&self, key: &str, owner: &str, _lease: Duration) -> EngineResult<Attempt> {
-        self.queue(key, owner, Instant::now()).await
+        Ok(self.queue(key, owner, Instant::now()).await?.attempt)
     }
 
     async fn acquire_queued(
@@ -529,8 +671,7 @@ impl Backend for ZooKeeperBackend {
         ask: Queueing,
     ) -> Result<Queued, LockError> {
         // The session (pinged every third of its timeout) keeps the node alive.
-        let attempt = self.queue(key, owner, ask.deadline).await?;
-        Ok(Queued::kept_alive(attempt))
+        self.queue(key, owner, ask.deadline).await
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
@@ -544,7 +685,7 @@ impl Backend for ZooKeeperBackend {
         let state = client.state();
         let mut out = Vec::with_capacity(batch.len());
         for item in batch {
-            let Some(node) = self.contenders().get(&item.owner).cloned() else {
+            let Some(node) = self.contenders().get(&item.owner).map(|p| p.node.clone()) else {
                 out.push(Some(false));
                 continue;
             };
@@ -553,8 +694,11 @@ impl Backend for ZooKeeperBackend {
                     Some(false)
                 }
                 SessionState::Disconnected => None,
-                _ => match tokio::time::timeout(self.session.timeout, client.check_stat(&node))
+                _ => match self
+                    .session
+                    .within(None, "renewal failed", client.check_stat(&node))
                     .await
+                    .map_err(|_| ())
                 {
                     // Ours only while it is an ephemeral node of the session in place: a node
                     // of a session the client replaced (the server keeps it until it expires
@@ -575,7 +719,10 @@ impl Backend for ZooKeeperBackend {
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
         let session = &self.session;
         let what = "release failed";
-        let Some(node) = self.contenders().get(owner).cloned() else {
+        // Before the delete is sent: the waiter of this runtime right behind the holder takes
+        // over now (see `Successors`); the delete's answer is still this release's.
+        self.hand_over(owner);
+        let Some(node) = self.contenders().get(owner).map(|p| p.node.clone()) else {
             // No record: a create may have landed after its acquire was cancelled. Its name
             // carries the owner token.
             return match session
@@ -637,7 +784,7 @@ impl Backend for ZooKeeperBackend {
         // it when the hold ends (retried until the server answers). Should the process exit
         // (or its session expire) before that, the server deletes it with the session: the
         // key frees early then.
-        let Some(node) = self.contenders().get(owner).cloned() else {
+        let Some(node) = self.contenders().get(owner).map(|p| p.node.clone()) else {
             // No record (a release from a new connection): a node of this owner, if any, goes
             // when the hold ends.
             self.remove_after(key, owner, hold);
