@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::testing::zookeeper_segment;
 use dlock_runtime::{LockError, with_lock};
+use dlock_tests::handover::{self, QueueEngine};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{
     AcquireExt, BuildExt, Counting, HoldExt, HolderProcess, RedisServer, Runtime, assert_between,
@@ -990,25 +991,6 @@ async fn node_not_owned_by_the_session_in_place_is_a_lost_lock() {
 // Hand-over to the next waiter of the same runtime
 // ---------------------------------------------------------------------------------------------
 
-/// A waiter spawned on `rt` for `key` that, once it holds, notes `name` in `order`, holds a
-/// moment and releases; returns its fence.
-fn queued_waiter(
-    rt: &Runtime,
-    key: &'static str,
-    name: &'static str,
-    order: &Arc<Mutex<Vec<&'static str>>>,
-) -> tokio::task::JoinHandle<Option<u64>> {
-    let (rt, order) = (rt.clone(), order.clone());
-    tokio::spawn(async move {
-        let guard = rt.lock(key).wait(Duration::from_secs(20)).held(name).await;
-        order.lock().unwrap().push(name);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let fence = guard.fence();
-        guard.release().await.expect("the waiter releases");
-        fence
-    })
-}
-
 /// The waiter of the same runtime right behind the holder takes the lock when the holder
 /// releases, without waiting for ZooKeeper: it holds while the server is frozen (SIGSTOP),
 /// before the holder's delete could be applied, with a fence above the holder's.
@@ -1053,136 +1035,38 @@ async fn waiter_of_the_same_runtime_takes_the_lock_without_waiting_for_zookeeper
     queue_len(&zk, key, 0, Duration::from_secs(5)).await;
 }
 
-/// Hand-overs within a runtime never let it overtake another: with waiters of runtime A
-/// queued around one of runtime B (A holds; A1, B1, A2, A3 queued in that order), the lock
-/// goes in arrival order, and every holder's fence is above the previous one's.
+/// The ZooKeeper server of a test, as the shared hand-over checks need it.
+struct Zk(ZooKeeperServer);
+
+impl QueueEngine for Zk {
+    async fn runtime(&self) -> Runtime {
+        runtime(&self.0).await
+    }
+
+    async fn queue_len(&self, key: &str, len: usize) {
+        queue_len(&self.0, key, len, Duration::from_secs(5)).await;
+    }
+}
+
+/// See [`handover::keep_the_queue_order_across_runtimes`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_hand_overs_keep_the_queue_order_across_runtimes() {
-    let zk = ZooKeeperServer::start();
-    let key = "zk:handover:fifo";
-    let (a, b) = (runtime(&zk).await, runtime(&zk).await);
-    let holder = a.lock(key).held("A holds").await;
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for (i, (rt, name)) in [(&a, "A1"), (&b, "B1"), (&a, "A2"), (&a, "A3")]
-        .into_iter()
-        .enumerate()
-    {
-        waiters.push(queued_waiter(rt, key, name, &order));
-        queue_len(&zk, key, i + 2, Duration::from_secs(5)).await;
-    }
-    // Past every waiter's listing and watch.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut fences = vec![holder.fence()];
-    holder.release().await.expect("A releases");
-    for waiter in waiters {
-        let fence = tokio::time::timeout(Duration::from_secs(10), waiter)
-            .await
-            .expect("every waiter gets the lock")
-            .expect("waiter task");
-        fences.push(fence);
-    }
-    assert_eq!(*order.lock().unwrap(), ["A1", "B1", "A2", "A3"], "FIFO");
-    assert!(
-        fences.windows(2).all(|w| w[0].is_some() && w[0] < w[1]),
-        "fences strictly increase in holding order: {fences:?}"
-    );
-    queue_len(&zk, key, 0, Duration::from_secs(5)).await;
+    let zk = Zk(ZooKeeperServer::start());
+    handover::keep_the_queue_order_across_runtimes(&zk, "zk:handover:fifo").await;
 }
 
-/// A waiter of the holder's runtime that gives up right as the holder releases (its task is
-/// aborted) is not left holding a key nobody owns: its node goes, and the next waiter of the
-/// same runtime gets the lock; in the end the queue is empty and the key free.
+/// See [`handover::a_cancelled_local_waiter_leaves_no_hold_behind`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_waiter_cancelled_as_the_holder_releases_leaves_no_hold_behind() {
-    let zk = ZooKeeperServer::start();
-    let key = "zk:handover:cancelled";
-    let rt = runtime(&zk).await;
-    for round in 0..3 {
-        let holder = rt.lock(key).held("holder").await;
-        let cancelled = rt.lock(key).wait(Duration::from_secs(30)).spawn();
-        queue_len(&zk, key, 2, Duration::from_secs(5)).await;
-        let next = rt.lock(key).wait(Duration::from_secs(30)).spawn();
-        queue_len(&zk, key, 3, Duration::from_secs(5)).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        // Round 0: aborted before the release; 1: at the same time; 2: just after it.
-        if round == 0 {
-            cancelled.abort();
-        }
-        let release = holder.release();
-        if round == 1 {
-            cancelled.abort();
-        }
-        release.await.expect("the holder releases");
-        if round == 2 {
-            cancelled.abort();
-        }
-        if let Ok((Ok(guard), _)) = cancelled.await {
-            // It took the lock before the abort reached it: an ordinary holder.
-            guard.release().await.expect("release");
-        }
-        let (guard, _) = waiter_got_it(next, Duration::from_secs(5), "the next waiter").await;
-        guard.release().await.expect("the next waiter releases");
-        queue_len(&zk, key, 0, Duration::from_secs(5)).await;
-        rt.lock(key)
-            .wait(Duration::ZERO)
-            .cycled("free at the end")
-            .await;
-    }
+    let zk = Zk(ZooKeeperServer::start());
+    handover::a_cancelled_local_waiter_leaves_no_hold_behind(&zk, "zk:handover:cancelled").await;
 }
 
-/// A hand-over within the runtime costs no round trip: on a hot key (8 tasks of one runtime),
-/// fences strictly increasing, the median from a release to the next holder is far below an
-/// uncontended acquire + release on the same runtime (a create, a listing, a delete: about what
-/// a hand-over through ZooKeeper costs, its delete then the event and maybe a listing).
+/// See [`handover::a_hot_key_hand_over_is_far_below_a_write`]: an uncontended pair is a
+/// create, a listing and a delete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_key_hand_over_within_a_runtime_is_far_below_a_write() {
-    let zk = ZooKeeperServer::start();
-    let key = "zk:handover:hot";
-    let rt = runtime(&zk).await;
-    let mut pair = Vec::new();
-    for _ in 0..20 {
-        let t = Instant::now();
-        rt.lock("zk:handover:raw")
-            .wait(Duration::ZERO)
-            .cycled("uncontended")
-            .await;
-        pair.push(t.elapsed());
-    }
-    pair.sort();
-    let pair = pair[pair.len() / 2];
-    let released_at = Arc::new(Mutex::new(None::<Instant>));
-    let handoffs = Arc::new(Mutex::new(Vec::new()));
-    let fences = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let (rt, released_at) = (rt.clone(), released_at.clone());
-        let (handoffs, fences) = (handoffs.clone(), fences.clone());
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..10 {
-                let guard = rt.lock(key).wait(Duration::from_secs(30)).held("hot").await;
-                if let Some(at) = released_at.lock().unwrap().take() {
-                    handoffs.lock().unwrap().push(at.elapsed());
-                }
-                fences.lock().unwrap().push(guard.fence());
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                *released_at.lock().unwrap() = Some(Instant::now());
-                guard.release().await.expect("release");
-            }
-        }));
-    }
-    finish_within(tasks, Duration::from_secs(60)).await;
-    let fences = fences.lock().unwrap().clone();
-    assert!(
-        fences.windows(2).all(|w| w[0].is_some() && w[0] < w[1]),
-        "fences strictly increase in holding order: {fences:?}"
-    );
-    let mut handoffs = handoffs.lock().unwrap().clone();
-    handoffs.sort();
-    let median = handoffs[handoffs.len() / 2];
-    println!("acquire + release {pair:?}, hand-over median {median:?}");
-    assert!(
-        median < pair / 4,
-        "a hand-over within the runtime took {median:?}; an acquire + release {pair:?}"
-    );
+    let zk = Zk(ZooKeeperServer::start());
+    handover::a_hot_key_hand_over_is_far_below_a_write(&zk, "zk:handover:hot", "zk:handover:raw")
+        .await;
 }
