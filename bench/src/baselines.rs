@@ -65,6 +65,7 @@ async fn raw_pair(
     }
     let freed: i64 = release
         .key(key)
+        .key(format!("{key}:turns"))
         .arg(owner)
         .arg("PUBLISH")
         .arg(50)

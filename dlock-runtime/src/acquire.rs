@@ -209,6 +209,8 @@ async fn wait_in_queue(
     };
     let ticket = core.hub.join(&key);
     let Ok(_turn) = tokio::time::timeout_at(deadline, ticket.queue().turn.lock()).await else {
+        // A head before this waiter may have left a place in the engine's line.
+        give_up(core, &ticket, &key).await;
         return Err(timeout(key, seen_ttl));
     };
     let queue = ticket.queue();
@@ -262,6 +264,7 @@ async fn wait_in_queue(
                 let now = Instant::now();
                 seen_ttl = ttl.map(|ttl| (ttl, now));
                 if now >= deadline {
+                    give_up(core, &ticket, &key).await;
                     return Err(timeout(key, seen_ttl));
                 }
                 // A lost notification costs at most the holder's remaining TTL. Without a TTL
@@ -277,12 +280,22 @@ async fn wait_in_queue(
                 }
                 if !watched {
                     let Some(now_watched) = watch(&ticket, &key, deadline).await else {
+                        give_up(core, &ticket, &key).await;
                         return Err(timeout(key, seen_ttl));
                     };
                     watched = now_watched;
                 }
             }
         }
+    }
+}
+
+/// The head waiter stops waiting without the lock after it contended in the engine: when no
+/// other waiter of this runtime takes over, the engine is told that this process no longer
+/// waits (it took a place in the engine's line of processes with its attempts).
+async fn give_up(core: &Core, ticket: &Ticket, key: &str) {
+    if ticket.alone() {
+        core.backend.leave_line(key).await;
     }
 }
 

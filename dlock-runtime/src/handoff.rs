@@ -17,7 +17,7 @@
 //! another process has flagged it, the engine keeps it with a new block and a renewed lease
 //! in the same round trip (`lua/extend.lua`), and it is handed over again; otherwise it is
 //! released, and waiters of other processes get their turn (Redis reserves a flagged release
-//! for them, see `lua/release.lua`). Every holder still gets a token above every earlier
+//! for the process first in the key's line, see `lua/release.lua`). Every holder still gets a token above every earlier
 //! holder's: each block is reserved by one `INCRBY` while the key is held, after every earlier
 //! acquisition's. Not handed over: a
 //! lock whose lease is not renewed (its lease runs from the first acquisition), a lock known

@@ -16,7 +16,7 @@ pub(crate) const EXCLUSIVE: &str = "exclusive";
 /// | engine | `ttl` | `holds` | `fence` |
 /// |---|---|---|---|
 /// | memory | the lease left | the entry's hold count | the holder's token |
-/// | Redis, Cluster | `PTTL` of the lock | 1 (none stored) | `None`: the counter is ahead of the holder's token (blocks of 16, spent by busy attempts) |
+/// | Redis, Cluster | `PTTL` of the lock | 1 (none stored) | `None`: the counter is ahead of the holder's token (blocks of 64, spent by busy attempts) |
 /// | Redlock | the quorum-th longest `PTTL` among the nodes that agree | 1 | `None` (Redlock has no fences) |
 /// | etcd | the holder's lease, `LeaseTimeToLive` (whole seconds) | 1 | the holder key's create revision |
 /// | ZooKeeper | the session timeout this runtime negotiated: how long the holder's node outlives its session if the holder stops now (the server does not show another session's) | 1 | the holder node's `czxid` |

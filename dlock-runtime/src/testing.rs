@@ -7,11 +7,17 @@ pub fn hash_slot(key: &[u8]) -> u16 {
     crate::backend::redis::hash_slot(key)
 }
 
-/// The Redis names of `key` under `prefix`: lock, fence counter, release channel.
+/// The Redis names of `key` under `prefix`: lock, fence counter, release channel, and the line
+/// of runtimes waiting for their turn.
 #[cfg(feature = "redis")]
-pub fn redis_names(prefix: &str, key: &str) -> [String; 3] {
+pub fn redis_names(prefix: &str, key: &str) -> [String; 4] {
     let names = crate::backend::redis::Names::new(prefix);
-    [names.lock(key), names.fence(key), names.channel(key)]
+    [
+        names.lock(key),
+        names.fence(key),
+        names.channel(key),
+        names.turns(key),
+    ]
 }
 
 /// The Redis names of a fair lock's line for `key` under `prefix`: the queue of waiters and

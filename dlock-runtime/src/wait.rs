@@ -242,6 +242,14 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
+    /// Whether no other waiter of this runtime is queued for the key.
+    pub(crate) fn alone(&self) -> bool {
+        self.hub
+            .queues()
+            .get(&self.queue.key)
+            .is_some_and(|(queue, users)| Arc::ptr_eq(queue, &self.queue) && *users == 1)
+    }
+
     pub(crate) fn queue(&self) -> &KeyQueue {
         &self.queue
     }

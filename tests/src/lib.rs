@@ -35,7 +35,7 @@ pub use processes::{
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub use dlock_testkit::redis::{
-    REDIS_SERVER_ENV, fence_key, lock_key, released_channel, script_calls_in,
+    REDIS_SERVER_ENV, fence_key, lock_key, released_channel, script_calls_in, turns_key,
 };
 pub use dlock_testkit::{HolderProcess, RedisKeys, RedisServer, cluster, etcd, zookeeper};
 

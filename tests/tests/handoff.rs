@@ -223,6 +223,34 @@ async fn handed_over_holder_is_renewed_and_detects_its_loss() {
     assert!(second.release().await.is_err(), "not ours any more");
 }
 
+/// The acquisitions of `order` (tagged 0 to `runtimes - 1`) up to the moment the first
+/// runtime made its `each`: from then on the others contend without it.
+async fn while_all_contended(
+    order: &Arc<Mutex<Vec<(usize, u64)>>>,
+    runtimes: usize,
+    each: usize,
+) -> Vec<(usize, u64)> {
+    let first_done = {
+        let order = order.clone();
+        tokio::spawn(async move {
+            loop {
+                {
+                    let order = order.lock().unwrap();
+                    if (0..runtimes).any(|r| order.iter().filter(|(t, _)| *t == r).count() == each)
+                    {
+                        return order.clone();
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(60), first_done)
+        .await
+        .expect("one runtime finished within 60 s")
+        .expect("counter task")
+}
+
 /// Two runtimes (as two processes would be) with eight tasks each on one key: each gets a
 /// fair part of the acquisitions, and neither keeps the key for more than two blocks of
 /// hand-overs in a row. Without the reservation a flagged release makes, the releasing
@@ -238,27 +266,7 @@ async fn hot_key_in_two_runtimes_is_shared_between_them() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = contend(&a, "handoff:shared", (TASKS, EACH, HOLD), 0, &order).await;
     tasks.extend(contend(&b, "handoff:shared", (TASKS, EACH, HOLD), 1, &order).await);
-    // Stop counting when the first runtime is done: from then on the other has the key alone.
-    let first_done = {
-        let order = order.clone();
-        tokio::spawn(async move {
-            loop {
-                let counts = {
-                    let order = order.lock().unwrap();
-                    let a = order.iter().filter(|(t, _)| *t == 0).count();
-                    (a, order.len() - a)
-                };
-                if counts.0 == TASKS * EACH || counts.1 == TASKS * EACH {
-                    return order.lock().unwrap().clone();
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-    };
-    let mid = tokio::time::timeout(Duration::from_secs(60), first_done)
-        .await
-        .expect("one runtime finished within 60 s")
-        .expect("counter task");
+    let mid = while_all_contended(&order, 2, TASKS * EACH).await;
     finish_within(tasks, Duration::from_secs(60)).await;
     assert_increasing(&order.lock().unwrap());
     let from_a = mid.iter().filter(|(t, _)| *t == 0).count();
@@ -288,6 +296,41 @@ async fn hot_key_in_two_runtimes_is_shared_between_them() {
         "one runtime got {:.0} % of the acquisitions while both contended ({from_a} / {from_b})",
         smaller * 100.0
     );
+}
+
+/// Three runtimes (as three processes would be) with three tasks each on one key take turns
+/// in the order they came: while all three contend, no runtime holds the key twice before
+/// each of the others held it once (every three consecutive turns are three runtimes).
+/// Without the line of runtimes in Redis, the runtimes told of a flagged release race for it,
+/// and the one the server tells first, or the one just woken, wins turns out of order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_key_in_three_runtimes_takes_turns_in_the_order_they_came() {
+    let server = RedisServer::start();
+    const TASKS: usize = 3;
+    const EACH: usize = 100;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut runtimes = Vec::new();
+    let mut tasks = Vec::new();
+    for tag in 0..3 {
+        let rt = Runtime::from_url(&server.url()).await.expect("runtime");
+        tasks.extend(contend(&rt, "handoff:turns", (TASKS, EACH, HOLD), tag, &order).await);
+        runtimes.push(rt);
+    }
+    let mid = while_all_contended(&order, 3, TASKS * EACH).await;
+    finish_within(tasks, Duration::from_secs(60)).await;
+    assert_increasing(&order.lock().unwrap());
+    // The runtime of each turn: a run of acquisitions by one runtime.
+    let mut turns: Vec<usize> = mid.iter().map(|(tag, _)| *tag).collect();
+    turns.dedup();
+    println!("turns while all three contended: {turns:?}");
+    assert!(turns.len() >= 6, "too few turns to judge: {turns:?}");
+    // The first turn went to whoever came first; from the second on, the line decides.
+    for window in turns[1..].windows(3) {
+        assert!(
+            window[0] != window[2],
+            "turns out of order: {window:?} in {turns:?}"
+        );
+    }
 }
 
 /// A waiter handed the lock but cancelled before it took it (its future dropped between the

@@ -4,7 +4,7 @@
 //! flagged). Also what an uncontended acquire and release cost in Redis commands.
 
 use dlock_tests::{
-    AcquireExt, RedisServer, fence_key, lock_key, redis_with_runtime, released_channel,
+    AcquireExt, RedisServer, fence_key, lock_key, redis_with_runtime, released_channel, turns_key,
 };
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ async fn acquire(
     Script::new(ACQUIRE)
         .key(lock_key(key))
         .key(fence_key(key))
+        .key(turns_key(key))
         .arg(owner)
         .arg(lease_ms)
         .arg(600_000 + lease_ms)
@@ -38,6 +39,7 @@ async fn acquire(
 async fn release(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner: &str) -> i64 {
     Script::new(RELEASE)
         .key(lock_key(key))
+        .key(turns_key(key))
         .arg(owner)
         .arg("PUBLISH")
         .arg(50)
@@ -340,70 +342,94 @@ async fn command_calls(server: &RedisServer) -> std::collections::HashMap<String
         .collect()
 }
 
-/// A flagged release reserves the key for the waiters of every other runtime for a moment:
-/// the releasing runtime's own waiter is busy (for at most the reservation), a waiter of
-/// another runtime takes it, and the waiting flag carries over to the new holder.
+/// A flagged release reserves the key for a moment for the runtime first in line: the other
+/// runtimes' waiters, the releaser's own included, are busy (for at most the reservation) and
+/// keep their places; the runtime whose turn it is takes it, flagged for those still in line,
+/// and its release reserves the key for the next of them, in the order they came. With
+/// nobody in line (the line expired), it is reserved for every runtime but the releaser's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flagged_release_reserves_the_key_for_other_runtimes() {
+async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     // An owner token starts with its runtime's id (16 characters): A holds for runtime
-    // `&A[..16]`, B waits for another runtime, C is A's runtime's own waiter.
+    // `&A[..16]`, B and D wait for two other runtimes, C is A's runtime's own waiter.
     const C: &str = "aaaaaaaaaaaaaaaacccccccccccccccc";
+    const D: &str = "dddddddddddddddddddddddddddddddd";
     let script = Script::new(ACQUIRE);
-    let acquire_in = |runtime: &'static str, owner: &'static str| {
+    let acquire_in = |owner: &'static str| {
         let mut invocation = script.key(lock_key("res"));
         invocation
             .key(fence_key("res"))
+            .key(turns_key("res"))
             .arg(owner)
             .arg(30_000)
             .arg(630_000)
             .arg(FENCE_FLOOR_MIN)
             .arg(1)
-            .arg(runtime);
+            .arg(&owner[..16]);
         invocation
     };
-    let first: i64 = acquire_in(&A[..16], A)
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
+    let lock = || redis::cmd("GET").arg(lock_key("res")).clone();
+    let first: i64 = acquire_in(A).invoke_async(&mut conn).await.unwrap();
     assert!(first > 0);
-    // B (another runtime) waits: flags A's lock.
-    let busy: i64 = acquire_in(&B[..16], B)
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
+    // B (another runtime) waits: flags A's lock and takes its place in line.
+    let busy: i64 = acquire_in(B).invoke_async(&mut conn).await.unwrap();
     assert!(busy < 0, "busy while A holds");
     assert_eq!(release(&mut conn, "res", A).await, 1);
-    let reserved: String = server.query(redis::cmd("GET").arg(lock_key("res"))).await;
+    let reserved: String = server.query(&lock()).await;
     assert_eq!(
         reserved,
-        format!("~{}", &A[..16]),
-        "reserved for runtimes other than the releaser"
+        format!(">{}", &B[..16]),
+        "reserved for B's runtime"
     );
     let ttl = server.pttl(&lock_key("res")).await;
     assert!((1..=50).contains(&ttl), "a short reservation: {ttl} ms");
-    // A waiter of the releasing runtime is busy, for at most the reservation, and flags it.
-    let own: i64 = acquire_in(&C[..16], C)
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(
-        (-2 - 50..=-2).contains(&own),
-        "the releaser's own waiter waits out the reservation: {own}"
-    );
-    // The other runtime's waiter takes it, keeping the flag for C.
-    let taken: i64 = acquire_in(&B[..16], B)
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
+    // The releaser's own waiter, then D's, are busy for at most the reservation, in line.
+    for waiter in [C, D] {
+        let busy: i64 = acquire_in(waiter).invoke_async(&mut conn).await.unwrap();
+        assert!(
+            (-2 - 50..=-2).contains(&busy),
+            "{waiter} waits out the reservation: {busy}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // B takes its turn, flagged for the runtimes still in line.
+    let taken: i64 = acquire_in(B).invoke_async(&mut conn).await.unwrap();
     assert!(taken > first, "acquired with a higher fence: {taken}");
-    let value: String = server.query(redis::cmd("GET").arg(lock_key("res"))).await;
-    assert_eq!(value, format!("{B}+"), "B holds, flagged for the waiting C");
+    let value: String = server.query(&lock()).await;
+    assert_eq!(value, format!("{B}+"), "B holds, flagged for C and D");
     assert!(
         server.pttl(&lock_key("res")).await > 25_000,
         "B's own lease"
     );
+    // Next in line: A's runtime (C came before D), then D.
+    assert_eq!(release(&mut conn, "res", B).await, 1);
+    let reserved: String = server.query(&lock()).await;
+    assert_eq!(reserved, format!(">{}", &A[..16]), "C's runtime came first");
+    let busy: i64 = acquire_in(D).invoke_async(&mut conn).await.unwrap();
+    assert!(busy < 0, "not D's turn yet");
+    let taken: i64 = acquire_in(C).invoke_async(&mut conn).await.unwrap();
+    assert!(taken > first);
+    assert_eq!(release(&mut conn, "res", C).await, 1);
+    let reserved: String = server.query(&lock()).await;
+    assert_eq!(reserved, format!(">{}", &D[..16]), "then D's");
+    let taken: i64 = acquire_in(D).invoke_async(&mut conn).await.unwrap();
+    assert!(taken > first);
+    let value: String = server.query(&lock()).await;
+    assert_eq!(value, D, "nobody left in line: not flagged");
+    // Nobody in line (B flags, then its place expires): every runtime but the releaser's.
+    let busy: i64 = acquire_in(B).invoke_async(&mut conn).await.unwrap();
+    assert!(busy < 0);
+    let () = server.query(redis::cmd("DEL").arg(turns_key("res"))).await;
+    assert_eq!(release(&mut conn, "res", D).await, 1);
+    let reserved: String = server.query(&lock()).await;
+    assert_eq!(
+        reserved,
+        format!("~{}", &D[..16]),
+        "for every other runtime"
+    );
+    let taken: i64 = acquire_in(C).invoke_async(&mut conn).await.unwrap();
+    assert!(taken > first, "another runtime takes it");
 }
 
 /// A reader's attempt (`read_acquire.lua`) on `key` by `owner` (its runtime: the first 16
@@ -438,6 +464,7 @@ async fn write_attempt(
     Script::new(ACQUIRE)
         .key(lock_key(key))
         .key(fence_key(key))
+        .key(turns_key(key))
         .arg(owner)
         .arg(30_000)
         .arg(630_000)

@@ -58,7 +58,7 @@ async fn one_script_takes_every_key_on_one_server() {
         "each lock looked at once, inside the script"
     );
     for key in keys {
-        let [lock, _, _] = redis_names(DEFAULT_PREFIX, key);
+        let [lock, _, _, _] = redis_names(DEFAULT_PREFIX, key);
         assert!(server.exists(&lock).await, "{lock} written");
     }
     assert!(guard.fences().iter().all(Option::is_some));

@@ -301,6 +301,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
         self.try_acquire(key, owner, lease)
     }
 
+    /// The last waiter of this runtime for `key` stopped waiting without the lock (it gave
+    /// up): the engine forgets this runtime's place in the line of processes waiting for the
+    /// key (Redis: the turns of `lua/acquire.lua`), so that no release reserves the key for a
+    /// process nobody waits in. Best effort: a place left behind (an error, a cancelled wait)
+    /// costs the next release a short reservation for nobody.
+    fn leave_line(&self, _key: &str) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
     /// Renews every lock in `batch` (owner-checked); one answer per item: `Some(true)`
     /// renewed, `Some(false)` no longer ours (lost), `None` not determined this time (retried,
     /// not a loss).
@@ -495,6 +504,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         owner: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Attempt, LockError>>;
+    fn leave_line<'a>(&'a self, key: &'a str) -> BoxFuture<'a, ()>;
     fn renew<'a>(
         &'a self,
         batch: &'a [Renewal],
@@ -574,6 +584,10 @@ impl<B: Backend> DynBackend for B {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Attempt, LockError>> {
         Box::pin(Backend::try_acquire_waiting(self, key, owner, lease))
+    }
+
+    fn leave_line<'a>(&'a self, key: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(Backend::leave_line(self, key))
     }
 
     fn renew<'a>(

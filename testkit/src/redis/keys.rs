@@ -82,12 +82,12 @@ impl RedisKeys {
     }
 
     /// Whether nobody holds the lock `key`: the key is missing, or it is only the reservation
-    /// a flagged release leaves for a few milliseconds (`~<runtime id>`: free to every runtime
-    /// but the releaser's).
+    /// a flagged release leaves for a few milliseconds (`><runtime id>`: for the runtime first
+    /// in line; `~<runtime id>`: for every runtime but the releaser's).
     pub async fn lock_is_free(&self, key: &str) -> bool {
         self.lock_owner(key)
             .await
-            .is_none_or(|value| value.starts_with('~'))
+            .is_none_or(|value| value.starts_with(['~', '>']))
     }
 
     /// The fence counter of the lock `key` (`GET <key>:fence`): the last token of the block

@@ -272,20 +272,27 @@ pub fn script_calls_in(info: &str) -> u64 {
 /// The Redis key of the lock hash for `key` with the default prefix: `dlock:{<key>}` (the
 /// library's naming rule, braces and `%` in the key escaped).
 pub fn lock_key(key: &str) -> String {
-    let [lock, _, _] = dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
+    let [lock, _, _, _] = dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
     lock
 }
 
 /// The Redis key of the fence counter for `key`: `dlock:{<key>}:fence`.
 pub fn fence_key(key: &str) -> String {
-    let [_, fence, _] = dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
+    let [_, fence, _, _] = dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
     fence
 }
 
 /// The release channel for `key`: `dlock:{<key>}:released`.
 pub fn released_channel(key: &str) -> String {
-    let [_, _, channel] = dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
+    let [_, _, channel, _] =
+        dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
     channel
+}
+
+/// The line of runtimes waiting for their turn at `key`: `dlock:{<key>}:turns`.
+pub fn turns_key(key: &str) -> String {
+    let [_, _, _, turns] = dlock_runtime::testing::redis_names(dlock_runtime::DEFAULT_PREFIX, key);
+    turns
 }
 
 /// The URL the kit's own clients use (the redis crate): with the password if there is one,

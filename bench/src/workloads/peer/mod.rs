@@ -7,6 +7,10 @@
 //!   shared connection: sales/s, tasks that never sold, longest wait;
 //! - the same hot key from 4 worker processes of 64 tasks: sales/s, each process's share.
 //!
+//! A hot-key contest is short and its rate moves with whatever else the machine does, so each
+//! runs in [`HOT_ROUNDS`] rounds, the two contenders one after the other in alternating order;
+//! the row gives the median of the rounds' ratios, and the worst round of the service figures.
+//!
 //! Layout: [`contender`] puts both libraries behind one face ([`rslock`] is rslock's side),
 //! [`contest`] is the hot-key tasks of one process, [`referee`] starts and ends a hot-key run
 //! and reads its counters, [`worker`] runs the contest in separate processes.
@@ -44,23 +48,69 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     ];
     rows.extend(distinct_keys_row(&both, setup.server_pid, 64, 250 * scale).await?);
     let target = 1500 * scale as u64;
+    let rounds = hot_rounds(setup);
     let mut in_process = Vec::new();
-    for contender in &both {
-        in_process.push(hot_key_in_process(contender, url, 256, target).await?);
+    for round in 0..rounds {
+        let mut outcomes = Vec::new();
+        for i in alternate(round) {
+            outcomes.push((i, hot_key_in_process(&both[i], url, 256, target).await?));
+        }
+        in_process.push(in_order(outcomes)?);
     }
     rows.extend(hot_key_rows(
         "hot key, 256 tasks in one process",
         &in_process,
     )?);
     let mut in_processes = Vec::new();
-    for kind in Kind::BOTH {
-        in_processes.push(worker::hot_key_in_processes(kind, url, (4, 64), target).await?);
+    for round in 0..rounds {
+        let mut outcomes = Vec::new();
+        for i in alternate(round) {
+            let kind = Kind::BOTH[i];
+            let outcome = worker::hot_key_in_processes(kind, url, (4, 64), target).await?;
+            outcomes.push((i, outcome));
+        }
+        in_processes.push(in_order(outcomes)?);
     }
     rows.extend(hot_key_rows(
         "hot key, 4 processes x 64 tasks",
         &in_processes,
     )?);
     Ok(rows)
+}
+
+/// Rounds of each hot-key contest at full scale (one with `--quick`).
+const HOT_ROUNDS: usize = 5;
+
+fn hot_rounds(setup: &Setup) -> usize {
+    if setup.options.quick { 1 } else { HOT_ROUNDS }
+}
+
+/// The order the contenders (0: dlock, 1: rslock) run in round `round`: alternating, so that
+/// neither always goes first.
+fn alternate(round: usize) -> [usize; 2] {
+    if round.is_multiple_of(2) {
+        [0, 1]
+    } else {
+        [1, 0]
+    }
+}
+
+/// The outcomes of one round, dlock's first.
+fn in_order(mut outcomes: Vec<(usize, Outcome)>) -> Result<[Outcome; 2], BoxError> {
+    outcomes.sort_by_key(|(i, _)| *i);
+    let [(_, dlock), (_, rslock)]: [(usize, Outcome); 2] = outcomes
+        .try_into()
+        .map_err(|_| "one outcome per contender")?;
+    Ok([dlock, rslock])
+}
+
+/// The median of `values` (the lower middle one of an even count); zero when empty.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values
+        .get(values.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 /// `n` acquire + release pairs of `key`, after `n / 10` unmeasured.
@@ -202,65 +252,86 @@ async fn hot_key_in_process(
     referee.outcome(elapsed, vec![tally]).await
 }
 
-/// The rows of one hot-key workload, dlock's outcome first. A dlock counter that is not
-/// exact is an error; rslock's lost updates are reported.
-fn hot_key_rows(what: &str, outcomes: &[Outcome]) -> Result<Vec<Row>, BoxError> {
-    let [dlock, rslock] = outcomes else {
-        return Err("one outcome per contender".into());
-    };
-    let (d, r) = (dlock.total(), rslock.total());
-    if dlock.counter != d.sales {
-        return Err(format!(
-            "dlock, {what}: counter {} after {} sales: holders overlapped",
-            dlock.counter, d.sales
-        )
-        .into());
+/// The rows of one hot-key workload over its rounds, dlock's outcome first in each: the
+/// median of the rounds' rates and ratios (each round's ratio listed), and the worst round's
+/// service figures. A dlock counter that is not exact is an error; rslock's lost updates are
+/// reported.
+fn hot_key_rows(what: &str, rounds: &[[Outcome; 2]]) -> Result<Vec<Row>, BoxError> {
+    for [dlock, _] in rounds {
+        let d = dlock.total();
+        if dlock.counter != d.sales {
+            return Err(format!(
+                "dlock, {what}: counter {} after {} sales: holders overlapped",
+                dlock.counter, d.sales
+            )
+            .into());
+        }
     }
-    let lost = match rslock.lost_updates() {
+    let rate = |i: usize| median(rounds.iter().map(|r| r[i].sales_per_sec()).collect());
+    let ratios: Vec<f64> = rounds
+        .iter()
+        .map(|[d, r]| d.sales_per_sec() / r.sales_per_sec())
+        .collect();
+    let listed: Vec<String> = ratios.iter().map(|&x| times(x)).collect();
+    let lost: u64 = rounds.iter().map(|[_, r]| r.lost_updates()).sum();
+    let lost = match lost {
         0 => String::new(),
         n => format!(", {n} LOST UPDATES"),
     };
-    let sales = |o: &Outcome| format!("{:.0} sales/s", o.sales_per_sec());
+    let sales: u64 = rounds.iter().map(|[d, _]| d.total().sales).sum();
     let mut rows = vec![Row::new(
         format!("peer: {what}, sales/s"),
-        format!("{} (counter exact, {} sales)", sales(dlock), d.sales),
-        format!("rslock {}{lost}", sales(rslock)),
-        times(dlock.sales_per_sec() / rslock.sales_per_sec()),
+        format!(
+            "{:.0} sales/s (median of {} rounds; counter exact, {sales} sales)",
+            rate(0),
+            rounds.len()
+        ),
+        format!("rslock {:.0} sales/s{lost}", rate(1)),
+        format!("{} (rounds {})", times(median(ratios)), listed.join(", ")),
         ">= 1.5x rslock",
     )];
+    // The worst round of each contender: most tasks never served, longest wait.
+    let worst = |i: usize| {
+        let unserved = rounds.iter().map(|r| r[i].total().unserved).max();
+        let wait = rounds.iter().map(|r| r[i].total().longest_wait).max();
+        let tasks = rounds.first().map(|r| r[i].total().tasks);
+        (
+            unserved.unwrap_or(0),
+            tasks.unwrap_or(0),
+            wait.unwrap_or_default(),
+        )
+    };
     let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1e3);
+    let gave_up: u64 = rounds.iter().map(|[_, r]| r.total().gave_up).sum();
+    let failed: u64 = rounds.iter().map(|[_, r]| r.failed_tries()).sum();
     let gave_up = format!(
-        "; retry {}: {} lock() calls out of retries, {} failed tries",
+        "; retry {}: {gave_up} lock() calls out of retries, {failed} failed tries",
         rslock::retry_label()?,
-        r.gave_up,
-        rslock.failed_tries()
     );
+    let ((du, dt, dw), (ru, rt, rw)) = (worst(0), worst(1));
     rows.push(Row::new(
-        format!("peer: {what}: tasks that never sold / longest wait"),
-        format!("{} of {} / {}", d.unserved, d.tasks, ms(d.longest_wait)),
-        format!(
-            "rslock {} of {} / {}{gave_up}",
-            r.unserved,
-            r.tasks,
-            ms(r.longest_wait)
-        ),
+        format!("peer: {what}: tasks that never sold / longest wait (worst round)"),
+        format!("{du} of {dt} / {}", ms(dw)),
+        format!("rslock {ru} of {rt} / {}{gave_up}", ms(rw)),
         "",
         "0 / <= rslock's",
     ));
-    if dlock.per_process.len() > 1 {
-        let shares = |o: &Outcome| {
-            let total = o.total().sales.max(1) as f64;
-            let each: Vec<String> = o
-                .per_process
+    if rounds.iter().any(|[d, _]| d.per_process.len() > 1) {
+        let shares = |i: usize| {
+            let each: Vec<String> = rounds
                 .iter()
-                .map(|t| format!("{:.0}", 100.0 * t.sales as f64 / total))
+                .map(|r| format!("{:.0}%", 100.0 * r[i].largest_share()))
                 .collect();
-            format!("{:.0}% ({}%)", 100.0 * o.largest_share(), each.join("/"))
+            let most = rounds
+                .iter()
+                .map(|r| r[i].largest_share())
+                .fold(0.0, f64::max);
+            format!("{:.0}% (rounds {})", 100.0 * most, each.join(", "))
         };
         rows.push(Row::new(
-            format!("peer: {what}: largest share of sales one process took"),
-            shares(dlock),
-            format!("rslock {}", shares(rslock)),
+            format!("peer: {what}: largest share of sales one process took (worst round)"),
+            shares(0),
+            format!("rslock {}", shares(1)),
             "",
             "<= 40%",
         ));

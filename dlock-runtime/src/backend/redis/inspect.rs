@@ -7,7 +7,7 @@
 //! lock (the readers' mark in the lock string, live readers in `:readers`) or a semaphore (live
 //! holders in `:permits`) shows the holder whose lease ends last as `owner`, its lease left as
 //! `ttl` (the key is taken until then), and `holds` counting every live holder. A
-//! reservation after a flagged release (`~<runtime id>`) is nobody's hold, and a key of
+//! reservation after a flagged release (`><runtime id>`, `~<runtime id>`) is nobody's hold, and a key of
 //! another type or with a value the runtime did not write is skipped, not an error. No fence is
 //! shown: the counter holds the last token of the latest reserved block, spent also by
 //! attempts that found the key busy, and the holder may be one the lock was handed to within
@@ -300,6 +300,11 @@ mod tests {
             Some(TOKEN.to_owned())
         );
         assert_eq!(holder("k", "~0123456789abcdef", 40), None, "a reservation");
+        assert_eq!(
+            holder("k", ">0123456789abcdef", 40),
+            None,
+            "a reservation for one runtime"
+        );
         assert_eq!(
             holder("k", "~0123456789abcdef+", 40),
             None,

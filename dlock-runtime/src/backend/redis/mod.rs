@@ -50,11 +50,15 @@ const FORCED: &str = "forced";
 /// Fencing tokens one acquisition reserves (`INCRBY`): the first is the holder's, the others go
 /// to waiters of the same runtime that it hands the lock to without a round trip (at most
 /// this many holders per acquisition, so at most this many before the runtime releases in
-/// Redis and waiters of other processes get their turn).
-pub(crate) const FENCE_BLOCK: u64 = 16;
+/// Redis and waiters of other processes get their turn). A turn of a key busy in several
+/// processes is that long: the switch to the next process (a release, a message, an attempt,
+/// a wake-up in another process) is paid once a block; blocks of 16 cost the benchmark's
+/// 4-process hot key a fifth of its rate, while 64 keep the others' longest wait at a few
+/// tens of milliseconds.
+pub(crate) const FENCE_BLOCK: u64 = 64;
 
-/// How long a flagged release reserves the key for the waiters of other runtimes (see
-/// `lua/release.lua`): long enough for a published message and one attempt; should they all be
+/// How long a flagged release reserves the key for the runtime first in line (see
+/// `lua/release.lua`): long enough for a published message and one attempt; should it be
 /// gone, the key is free again after this.
 const RESERVATION: Duration = Duration::from_millis(50);
 
@@ -249,24 +253,27 @@ impl RedisBackend {
         Ok(reply.into_iter().map(|r| Some(r == 1)).collect())
     }
 
-    /// Whether the lock's value `held` is a reservation (`~<runtime id>`, `+` appended when
-    /// flagged again) made by another runtime's release, or the writers' turn: this runtime
-    /// may take the key.
+    /// Whether the lock's value `held` is a reservation (`+` appended when flagged again) made
+    /// by another runtime's release for this runtime's turn (`><runtime id>`) or for every
+    /// runtime but the releaser's (`~<runtime id>`), or the writers' turn: this runtime may
+    /// take the key.
     fn reserved_for_us(&self, held: &str) -> bool {
+        let unflagged = held.strip_suffix('+').unwrap_or(held);
         // The writers' turn (`^`, `lua/read_release.lua`) is every writer's.
-        held.starts_with('^')
-            || held
+        unflagged.starts_with('^')
+            || unflagged.strip_prefix('>') == Some(self.origin.as_str())
+            || unflagged
                 .strip_prefix('~')
-                .map(|by| by.strip_suffix('+').unwrap_or(by))
                 .is_some_and(|by| by != self.origin)
     }
 
     /// The keys and first arguments of the scripts that reserve a block of fences
     /// (`acquire.lua`, `extend.lua`): lock and counter, owner, lease, counter TTL, floor, block.
     fn block_args(&self, cmd: &mut redis::Cmd, key: &str, owner: &str, lease: Duration) {
-        cmd.arg(2)
+        cmd.arg(3)
             .arg(self.names.lock(key))
             .arg(self.names.fence(key))
+            .arg(self.names.turns(key))
             .arg(owner)
             .arg(millis_ceil(lease))
             .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
@@ -369,6 +376,22 @@ impl Backend for RedisBackend {
         Ok(decode_acquire(last, FENCE_BLOCK))
     }
 
+    async fn leave_line(&self, key: &str) {
+        let mut cmd = redis::cmd("ZREM");
+        cmd.arg(self.names.turns(key)).arg(&self.origin);
+        let mut conn = self.link.handle();
+        let left: Result<i64, _> = self
+            .call(
+                Some(key),
+                "leaving the line failed",
+                cmd.query_async(&mut conn),
+            )
+            .await;
+        if let Err(err) = left {
+            tracing::debug!(key = %key, error = %err, "could not leave the line of waiting processes");
+        }
+    }
+
     async fn try_acquire_waiting(
         &self,
         key: &str,
@@ -409,8 +432,9 @@ impl Backend for RedisBackend {
         }
         let reply: i64 = self
             .run_script(&self.scripts.release, Some(key), "release failed", |cmd| {
-                cmd.arg(1)
+                cmd.arg(2)
                     .arg(self.names.lock(key))
+                    .arg(self.names.turns(key))
                     .arg(owner)
                     .arg(self.link.publish_command())
                     .arg(millis_ceil(RESERVATION));

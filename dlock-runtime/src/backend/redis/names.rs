@@ -55,6 +55,12 @@ impl Names {
         self.tagged(key) + ":fence"
     }
 
+    /// `<prefix>{<key>}:turns`: the runtimes waiting for the key in the order they came (see
+    /// `lua/acquire.lua`).
+    pub(crate) fn turns(&self, key: &str) -> String {
+        self.tagged(key) + ":turns"
+    }
+
     /// `<prefix>{<key>}:readers`: a read-write lock's readers (see `lua/read_acquire.lua`).
     pub(crate) fn readers(&self, key: &str) -> String {
         self.tagged(key) + ":readers"

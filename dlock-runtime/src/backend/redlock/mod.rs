@@ -520,6 +520,16 @@ impl Backend for RedlockBackend {
         self.acquire(key, owner, lease, true).await
     }
 
+    async fn leave_line(&self, key: &str) {
+        // Each node answers within the node timeout; a node that does not keeps a place that
+        // costs its next release a short reservation.
+        self.on_all(Some(key), |_, node| async move {
+            node.leave_line(key).await;
+            Ok(())
+        })
+        .await;
+    }
+
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
         // A renewal only extends a key that carries our owner token, so a restarted node's
         // answer cannot let anyone else in: its votes count as they are.

@@ -4,11 +4,16 @@
 --
 -- KEYS[1]  lock `<prefix>{<key>}`: a string, the owner token, with `+` appended once somebody
 --          outside the holder's process waits (the release then publishes; without it, it
---          does not); or, for a moment after a flagged release, `~<runtime id>`: reserved for
---          the waiters of every other runtime (release.lua); or `^` (`+` appended when flagged):
---          the writers' turn after the last reader left while a writer waited
---          (read_release.lua), free for any writer, not for readers
+--          does not); or, for a moment after a flagged release, `><runtime id>`: reserved for
+--          the waiters of that runtime, whose turn it is (release.lua), or `~<runtime id>`:
+--          reserved for the waiters of every other runtime (no runtime was in line); or `^`
+--          (`+` appended when flagged): the writers' turn after the last reader left while a
+--          writer waited (read_release.lua), free for any writer, not for readers
 -- KEYS[2]  fence counter `<prefix>{<key>}:fence`
+-- KEYS[3]  turns `<prefix>{<key>}:turns`: the runtimes waiting for the key, a sorted set of
+--          runtime ids scored by when each joined (server clock, milliseconds); a flagged
+--          release reserves the key for the first of them (release.lua), so that the
+--          processes contending for a key take turns in the order they came
 -- ARGV[1]  owner token (32 hex digits: the runtime id, then 64 random bits)
 -- ARGV[2]  lease in milliseconds (the lock's TTL)
 -- ARGV[3]  fence counter TTL in milliseconds: the lease plus a margin
@@ -42,11 +47,23 @@ if held ~= false and string.sub(held, 1, 1) == '^' then
   flagged = string.sub(held, -1) == '+'
   redis.call('SET', KEYS[1], flagged and ARGV[1] .. '+' or ARGV[1], 'PX', ARGV[2])
   held = false
+elseif held ~= false and string.sub(held, 1, 1) == '>' then
+  -- This runtime's turn, reserved by a flagged release: taken, flagged again when other
+  -- runtimes are still in line. Another runtime's turn: waited for (below).
+  flagged = string.sub(held, -1) == '+'
+  local to = flagged and string.sub(held, 2, -2) or string.sub(held, 2)
+  if to == ARGV[6] then
+    redis.call('ZREM', KEYS[3], ARGV[6])
+    flagged = flagged or redis.call('ZCARD', KEYS[3]) > 0
+    redis.call('SET', KEYS[1], flagged and ARGV[1] .. '+' or ARGV[1], 'PX', ARGV[2])
+    held = false
+  end
 elseif held ~= false and string.sub(held, 1, 1) == '~' then
   -- Reserved after a flagged release: for every runtime but the one that released.
   flagged = string.sub(held, -1) == '+'
   local by = flagged and string.sub(held, 2, -2) or string.sub(held, 2)
   if by ~= ARGV[6] then
+    redis.call('ZREM', KEYS[3], ARGV[6])
     redis.call('SET', KEYS[1], flagged and ARGV[1] .. '+' or ARGV[1], 'PX', ARGV[2])
     held = false
   end
@@ -71,10 +88,17 @@ if string.sub(held, 1, 1) == '=' then
   local pttl = math.max(redis.call('PTTL', KEYS[1]), 0)
   return -2 - math.min(pttl, math.floor(tonumber(ARGV[7]) / 2))
 end
--- Flag it, unless the holder is of this runtime (owner tokens start with the runtime id): its
--- release wakes this waiter without a message, and a flag would reserve the key for others.
-if string.sub(held, -1) ~= '+' and string.sub(held, 1, #ARGV[6]) ~= ARGV[6] then
-  redis.call('SET', KEYS[1], held .. '+', 'KEEPTTL')
+-- Flag it and take a place in the line of runtimes, unless the holder is of this runtime
+-- (owner tokens start with the runtime id): its release wakes this waiter without a message,
+-- and a flag would reserve the key for others.
+if string.sub(held, 1, #ARGV[6]) ~= ARGV[6] then
+  if string.sub(held, -1) ~= '+' then
+    redis.call('SET', KEYS[1], held .. '+', 'KEEPTTL')
+  end
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('ZADD', KEYS[3], 'NX', ms, ARGV[6])
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl < 0 then

@@ -6,6 +6,7 @@
 --
 -- KEYS[1]  lock (see acquire.lua: the owner token, `+` appended when flagged)
 -- KEYS[2]  fence counter
+-- KEYS[3]  turns: the runtimes waiting for the key, in the order they came (acquire.lua)
 -- ARGV[1]  owner token
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  fence counter TTL in milliseconds (see acquire.lua)
@@ -18,7 +19,8 @@
 --
 -- Returns fence > 0: kept, the LAST token of the new block (reserved by INCRBY while the
 -- owner holds the key, so above every token given out before); -1: flagged, so released
--- (reserved for other runtimes and published); 0: not the owner.
+-- (reserved for the next runtime in line, or for every other runtime, and published); 0: not
+-- the owner.
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -33,7 +35,15 @@ if held == ARGV[1] then
   return fence
 end
 if held == ARGV[1] .. '+' then
-  redis.call('SET', KEYS[1], '~' .. ARGV[7], 'PX', ARGV[9])
+  -- Reserved for the first runtime in line, as release.lua does.
+  redis.call('ZREM', KEYS[3], ARGV[7])
+  local next = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if next then
+    redis.call('ZREM', KEYS[3], next)
+    redis.call('SET', KEYS[1], '>' .. next, 'PX', ARGV[9])
+  else
+    redis.call('SET', KEYS[1], '~' .. ARGV[7], 'PX', ARGV[9])
+  end
   redis.call(ARGV[8], ARGV[6], ARGV[7])
   return -1
 end
