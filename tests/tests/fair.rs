@@ -1,6 +1,6 @@
 //! Fair locks on Redis: a waiter whose process is killed (kill -9) in line blocks the line no
 //! longer than its place lasts, and the line is clean afterwards; a cancelled waiter leaves the
-//! line at once.
+//! line at once; a fair writer takes the writers' turn a read-write lock's last reader leaves.
 //!
 //! FIFO order across runtimes, a cancelled waiter and a waiter that gives up are in the
 //! conformance suite (`tests/conformance/fair.rs`) on every engine.
@@ -171,4 +171,91 @@ async fn a_fair_try_without_waiting_does_not_join_the_line() {
     assert!(!server.exists(&line).await, "{line} was written");
     assert!(!server.exists(&places).await, "{places} was written");
     holder.release().await.expect("release");
+}
+
+/// Readers of one runtime hold a read-write lock; a plain writer of a second runtime waits
+/// 300 ms (marking itself waiting for 2 s) and gives up; a fair writer of a third waits in
+/// line, and a reader of a fourth waits behind the writer's mark. When the last reader
+/// leaves, the key is the writers' turn until that mark ends: the fair writer takes it within
+/// 500 ms (not when the turn lapses, about 1.6 s later), and when it releases, the waiting
+/// reader is told and gets in within 500 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_writer_takes_the_writers_turn_the_last_reader_leaves() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let key = "fair:writers-turn";
+    let mut rts = Vec::new();
+    for _ in 0..4 {
+        rts.push(Runtime::from_url(&url).await.expect("runtime"));
+    }
+    let reader = rts[0].lock(key).read().held("the reader").await;
+    let err = rts[1]
+        .lock(key)
+        .wait(Duration::from_millis(300))
+        .refused("the plain writer while a reader holds")
+        .await;
+    assert!(err.is_timeout(), "{err:?}");
+    let fair_rt = rts[2].clone();
+    let fair = tokio::spawn(async move {
+        let guard = fair_rt
+            .lock(key)
+            .fair(true)
+            .wait(Duration::from_secs(30))
+            .held("the fair writer")
+            .await;
+        (guard, Instant::now())
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the fair writer in line",
+        || async { line_len(&server, key).await == 1 },
+    )
+    .await;
+    let reader_rt = rts[3].clone();
+    let waiting_reader = tokio::spawn(async move {
+        let guard = reader_rt
+            .lock(key)
+            .read()
+            .wait(Duration::from_secs(30))
+            .held("the waiting reader")
+            .await;
+        (guard, Instant::now())
+    });
+    // The reader of the fourth runtime has asked (and waits behind the writer's mark).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiting_reader.is_finished(),
+        "a reader got in ahead of the writer"
+    );
+
+    let released = Instant::now();
+    reader.release().await.expect("release the reader");
+    let (writer, acquired) = tokio::time::timeout(Duration::from_secs(10), fair)
+        .await
+        .expect("the fair writer never got the key")
+        .expect("fair writer");
+    let took = acquired.saturating_duration_since(released);
+    println!("the fair writer acquired {took:?} after the last reader left");
+    assert!(
+        took < Duration::from_millis(500),
+        "the fair writer waited out the writers' turn: {took:?} after the last reader left"
+    );
+    assert!(
+        !waiting_reader.is_finished(),
+        "a reader inside with the writer"
+    );
+
+    let writer_released = Instant::now();
+    writer.release().await.expect("release the writer");
+    let (read, read_at) = tokio::time::timeout(Duration::from_secs(10), waiting_reader)
+        .await
+        .expect("the waiting reader never got in")
+        .expect("waiting reader");
+    let read_took = read_at.saturating_duration_since(writer_released);
+    println!("the waiting reader got in {read_took:?} after the writer released");
+    assert!(
+        read_took < Duration::from_millis(500),
+        "the waiting reader was not told of the writer's release: {read_took:?}"
+    );
+    read.release().await.expect("release the second reader");
 }

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use redis::Script;
 
+use dlock_runtime::DEFAULT_PREFIX;
+use dlock_runtime::testing::redis_fair_names;
 use dlock_runtime::testing::scripts::{ACQUIRE, FENCE_FLOOR_MIN, RELEASE, RENEW};
 
 const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
@@ -429,6 +431,21 @@ async fn read_attempt(
         .unwrap()
 }
 
+/// A reader's release (`read_release.lua`) on `key` by `owner`: 1 released, 0 not a reader.
+async fn read_release(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner: &str) -> i64 {
+    Script::new(dlock_runtime::testing::scripts::READ_RELEASE)
+        .key(lock_key(key))
+        .key(format!("{}:readers", lock_key(key)))
+        .arg(owner)
+        .arg(released_channel(key))
+        .arg(&owner[..16])
+        .arg("PUBLISH")
+        .arg(50)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
 /// A writer's waiting attempt (`acquire.lua`, 2 s of writer preference) on `key` by `owner`.
 async fn write_attempt(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -473,18 +490,7 @@ async fn the_last_readers_release_leaves_the_key_to_the_waiting_writer() {
         "R2 waits behind the writer"
     );
     // The last reader leaves.
-    let released: i64 = Script::new(dlock_runtime::testing::scripts::READ_RELEASE)
-        .key(lock_key("rw"))
-        .key(format!("{}:readers", lock_key("rw")))
-        .arg(R1)
-        .arg(released_channel("rw"))
-        .arg(&R1[..16])
-        .arg("PUBLISH")
-        .arg(50)
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(released, 1);
+    assert_eq!(read_release(&mut conn, "rw", R1).await, 1);
     // R2 (of another runtime than the releaser's) tries first: still the writer's turn.
     let r2 = read_attempt(&mut conn, "rw", R2, true).await;
     assert!(
@@ -498,4 +504,115 @@ async fn the_last_readers_release_leaves_the_key_to_the_waiting_writer() {
     );
     let value: String = server.query(redis::cmd("GET").arg(lock_key("rw"))).await;
     assert_eq!(value.strip_suffix('+').unwrap_or(&value), W, "W holds");
+}
+
+/// A fair writer's attempt (`fair_acquire.lua`, a place of 5 s in line) on `key` by `owner`.
+async fn fair_attempt(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner: &str) -> i64 {
+    let [queue, places] = redis_fair_names(DEFAULT_PREFIX, key);
+    Script::new(dlock_runtime::testing::scripts::FAIR_ACQUIRE)
+        .key(lock_key(key))
+        .key(fence_key(key))
+        .key(queue)
+        .key(places)
+        .arg(owner)
+        .arg(30_000)
+        .arg(630_000)
+        .arg(FENCE_FLOOR_MIN)
+        .arg(1)
+        .arg(&owner[..16])
+        .arg(5_000)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
+/// The writers' turn (`^`) is a fair writer's too, in the order of the fair line: after the
+/// last reader leaves while a writer's mark is ahead (that writer gave up meanwhile), a fair
+/// writer second in line waits for the first; when the first leaves the line, the others are
+/// told to look again, and the next one takes the key at once (not when the turn lapses),
+/// keeping the flag of the reader that still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_writer_takes_the_writers_turn_in_line() {
+    use futures_util::StreamExt;
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let mut pubsub = server.client().get_async_pubsub().await.unwrap();
+    pubsub.subscribe(released_channel("fair-rw")).await.unwrap();
+    let mut messages = pubsub.on_message();
+    // Owner tokens start with their runtime's id: readers of runtimes a and b, a plain writer
+    // of c, fair writers of d and e.
+    const R1: &str = "aaaaaaaaaaaaaaaa1111111111111111-r";
+    const R2: &str = "bbbbbbbbbbbbbbbb2222222222222222-r";
+    const W: &str = "cccccccccccccccc3333333333333333";
+    const F1: &str = "dddddddddddddddd4444444444444444";
+    const F2: &str = "eeeeeeeeeeeeeeee5555555555555555";
+    let first = read_attempt(&mut conn, "fair-rw", R1, false).await;
+    assert!(first > 0, "R1 reads");
+    assert!(
+        write_attempt(&mut conn, "fair-rw", W).await < 0,
+        "the plain writer waits for R1 and marks itself waiting (then gives up)"
+    );
+    assert!(
+        read_attempt(&mut conn, "fair-rw", R2, true).await < 0,
+        "R2 waits behind the writer's mark"
+    );
+    assert!(
+        fair_attempt(&mut conn, "fair-rw", F1).await < 0,
+        "F1 in line"
+    );
+    assert!(
+        fair_attempt(&mut conn, "fair-rw", F2).await < 0,
+        "F2 behind F1"
+    );
+    assert_eq!(read_release(&mut conn, "fair-rw", R1).await, 1);
+    let turn: String = server
+        .query(redis::cmd("GET").arg(lock_key("fair-rw")))
+        .await;
+    assert_eq!(turn, "^+", "the writers' turn, flagged for R2");
+    let released = tokio::time::timeout(Duration::from_secs(2), messages.next())
+        .await
+        .expect("the last reader's release publishes")
+        .expect("stream open");
+    assert_eq!(released.get_payload::<String>().unwrap(), &R1[..16]);
+
+    let second = fair_attempt(&mut conn, "fair-rw", F2).await;
+    assert!(
+        second < 0,
+        "F2 took the writers' turn ahead of F1, first in line (fence {second})"
+    );
+    // F1 gives up: those behind it look again, and F2 takes the turn at once.
+    let left: i64 = Script::new(dlock_runtime::testing::scripts::FAIR_LEAVE)
+        .key(lock_key("fair-rw"))
+        .key(redis_fair_names(DEFAULT_PREFIX, "fair-rw")[0].clone())
+        .key(redis_fair_names(DEFAULT_PREFIX, "fair-rw")[1].clone())
+        .arg(F1)
+        .arg(released_channel("fair-rw"))
+        .arg("left")
+        .arg("PUBLISH")
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "F1 was in line");
+    let told = tokio::time::timeout(Duration::from_secs(2), messages.next())
+        .await
+        .expect("F1 leaving the head of the line during the writers' turn publishes")
+        .expect("stream open");
+    assert_eq!(told.get_payload::<String>().unwrap(), "left");
+    let taken = fair_attempt(&mut conn, "fair-rw", F2).await;
+    assert!(
+        taken > first,
+        "F2 waits out the writers' turn instead of taking it ({taken})"
+    );
+    let value: String = server
+        .query(redis::cmd("GET").arg(lock_key("fair-rw")))
+        .await;
+    assert_eq!(
+        value,
+        format!("{F2}+"),
+        "F2 holds, flagged for the waiting R2"
+    );
+    assert!(
+        read_attempt(&mut conn, "fair-rw", R2, true).await < 0,
+        "R2 still waits"
+    );
 }
