@@ -10,12 +10,16 @@ use std::time::{Duration, Instant};
 use dlock_runtime::DEFAULT_PREFIX;
 use dlock_runtime::testing::redis_fair_names;
 use dlock_tests::{
-    AcquireExt, HolderProcess, RedisServer, Runtime, eventually, holder_bin, lock_key,
-    script_calls_in,
+    AcquireExt, HolderProcess, LockError, LockGuard, RedisServer, Runtime, eventually, holder_bin,
+    lock_key, script_calls_in, waiter_got_it,
 };
+use tokio::task::JoinHandle;
 
 /// The dead waiter's lease, hence its place in line (1 s past its last heartbeat).
 const PLACE: Duration = Duration::from_secs(1);
+
+/// How long the waiters of the writers' turn test wait (they should get the key at once).
+const GIVE_UP: Duration = Duration::from_secs(10);
 
 /// The length of the line of `key` on `server`.
 async fn line_len(server: &RedisServer, key: &str) -> usize {
@@ -182,80 +186,52 @@ async fn a_fair_try_without_waiting_does_not_join_the_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_writer_takes_the_writers_turn_the_last_reader_leaves() {
     let server = RedisServer::start();
-    let url = server.url();
     let key = "fair:writers-turn";
     let mut rts = Vec::new();
     for _ in 0..4 {
-        rts.push(Runtime::from_url(&url).await.expect("runtime"));
+        rts.push(Runtime::from_url(&server.url()).await.expect("runtime"));
     }
     let reader = rts[0].lock(key).read().held("the reader").await;
-    let err = rts[1]
+    rts[1]
         .lock(key)
         .wait(Duration::from_millis(300))
-        .refused("the plain writer while a reader holds")
+        .times_out("the plain writer while a reader holds")
         .await;
-    assert!(err.is_timeout(), "{err:?}");
-    let fair_rt = rts[2].clone();
-    let fair = tokio::spawn(async move {
-        let guard = fair_rt
-            .lock(key)
-            .fair(true)
-            .wait(Duration::from_secs(30))
-            .held("the fair writer")
-            .await;
-        (guard, Instant::now())
-    });
+    let fair = rts[2].lock(key).fair(true).wait(GIVE_UP).spawn();
     eventually(
         Duration::from_secs(10),
         "the fair writer in line",
         || async { line_len(&server, key).await == 1 },
     )
     .await;
-    let reader_rt = rts[3].clone();
-    let waiting_reader = tokio::spawn(async move {
-        let guard = reader_rt
-            .lock(key)
-            .read()
-            .wait(Duration::from_secs(30))
-            .held("the waiting reader")
-            .await;
-        (guard, Instant::now())
-    });
-    // The reader of the fourth runtime has asked (and waits behind the writer's mark).
+    let waiting_reader = rts[3].lock(key).read().wait(GIVE_UP).spawn();
+    // The reader of the fourth runtime has asked, and waits behind the writer's mark.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        !waiting_reader.is_finished(),
-        "a reader got in ahead of the writer"
-    );
+    assert!(!waiting_reader.is_finished(), "a reader got in first");
 
-    let released = Instant::now();
-    reader.release().await.expect("release the reader");
-    let (writer, acquired) = tokio::time::timeout(Duration::from_secs(10), fair)
-        .await
-        .expect("the fair writer never got the key")
-        .expect("fair writer");
-    let took = acquired.saturating_duration_since(released);
-    println!("the fair writer acquired {took:?} after the last reader left");
-    assert!(
-        took < Duration::from_millis(500),
-        "the fair writer waited out the writers' turn: {took:?} after the last reader left"
-    );
-    assert!(
-        !waiting_reader.is_finished(),
-        "a reader inside with the writer"
-    );
-
-    let writer_released = Instant::now();
-    writer.release().await.expect("release the writer");
-    let (read, read_at) = tokio::time::timeout(Duration::from_secs(10), waiting_reader)
-        .await
-        .expect("the waiting reader never got in")
-        .expect("waiting reader");
-    let read_took = read_at.saturating_duration_since(writer_released);
-    println!("the waiting reader got in {read_took:?} after the writer released");
-    assert!(
-        read_took < Duration::from_millis(500),
-        "the waiting reader was not told of the writer's release: {read_took:?}"
-    );
+    let writer = hand_over(reader, fair, "the fair writer, after the last reader left").await;
+    assert!(!waiting_reader.is_finished(), "a reader in with the writer");
+    let read = hand_over(
+        writer,
+        waiting_reader,
+        "the waiting reader, after the writer",
+    )
+    .await;
     read.release().await.expect("release the second reader");
+}
+
+/// Releases `guard`, then joins `waiter` (from [`AcquireExt::spawn`]) and asserts that it got
+/// the key within 500 ms of the release (`what`: who, after what).
+async fn hand_over(
+    guard: LockGuard,
+    waiter: JoinHandle<(Result<LockGuard, LockError>, Instant)>,
+    what: &str,
+) -> LockGuard {
+    let released = Instant::now();
+    guard.release().await.expect("release");
+    let (next, came) = waiter_got_it(waiter, GIVE_UP, what).await;
+    let took = came.saturating_duration_since(released);
+    println!("{what}: acquired in {took:?}");
+    assert!(took < Duration::from_millis(500), "{what}: waited {took:?}");
+    next
 }

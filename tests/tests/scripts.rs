@@ -8,7 +8,7 @@ use dlock_tests::{
 };
 use std::time::Duration;
 
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 
 use dlock_runtime::DEFAULT_PREFIX;
 use dlock_runtime::testing::redis_fair_names;
@@ -176,6 +176,13 @@ async fn fence_counter_above_the_clock_is_never_lowered_and_outlives_the_lock() 
     assert_eq!(next, ahead + 2, "still above the clock");
 }
 
+/// The messages published on the release channel of `key` from now on.
+async fn releases_of(server: &RedisServer, key: &str) -> redis::aio::PubSubStream {
+    let mut pubsub = server.client().get_async_pubsub().await.unwrap();
+    pubsub.subscribe(released_channel(key)).await.unwrap();
+    pubsub.into_on_message()
+}
+
 /// A release publishes only when a waiter flagged the lock (a busy answer appends `+` to the
 /// owner token): one message for the flagged release, none for the unflagged one nor for a
 /// release that found nothing of ours.
@@ -184,9 +191,7 @@ async fn release_publishes_only_when_a_waiter_flagged_the_lock() {
     use futures_util::StreamExt;
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let mut pubsub = server.client().get_async_pubsub().await.unwrap();
-    pubsub.subscribe(released_channel("pub")).await.unwrap();
-    let mut messages = pubsub.on_message();
+    let mut messages = releases_of(&server, "pub").await;
     let quiet = std::time::Duration::from_millis(300);
 
     assert!(acquire(&mut conn, "pub", A, 30_000).await > 0);
@@ -452,19 +457,54 @@ async fn write_attempt(
     key: &str,
     owner: &str,
 ) -> i64 {
-    Script::new(ACQUIRE)
-        .key(lock_key(key))
-        .key(fence_key(key))
-        .arg(owner)
+    let script = Script::new(ACQUIRE);
+    let mut call = script.key(lock_key(key));
+    call.key(fence_key(key));
+    block_args(&mut call, owner)
+        .arg(2_000)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
+/// The arguments after the keys that `acquire.lua` and `fair_acquire.lua` start with, for
+/// `owner`: a lease of 30 s, the counter's TTL, the floor, a block of one, its runtime (the
+/// first 16 characters).
+fn block_args<'a, 'b>(
+    call: &'a mut ScriptInvocation<'b>,
+    owner: &str,
+) -> &'a mut ScriptInvocation<'b> {
+    call.arg(owner)
         .arg(30_000)
         .arg(630_000)
         .arg(FENCE_FLOOR_MIN)
         .arg(1)
         .arg(&owner[..16])
-        .arg(2_000)
-        .invoke_async(conn)
-        .await
-        .unwrap()
+}
+
+// Owner tokens start with their runtime's id: readers R1 of runtime a and R2 of b, a writer
+// W of c.
+const R1: &str = "aaaaaaaaaaaaaaaa1111111111111111-r";
+const R2: &str = "bbbbbbbbbbbbbbbb2222222222222222-r";
+const W: &str = "cccccccccccccccc3333333333333333";
+
+/// R1 reads `key`, W waits for it (and marks itself waiting for 2 s), R2 waits behind W's
+/// mark. Returns R1's fence.
+async fn a_writer_waits_for_a_reader(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> i64 {
+    let first = read_attempt(conn, key, R1, false).await;
+    assert!(first > 0, "R1 reads");
+    assert!(
+        write_attempt(conn, key, W).await < 0,
+        "the writer waits for R1 (and marks itself waiting)"
+    );
+    assert!(
+        read_attempt(conn, key, R2, true).await < 0,
+        "R2 waits behind the writer"
+    );
+    first
 }
 
 /// Writer preference across runtimes: when the last reader leaves while a writer waits, the
@@ -475,20 +515,7 @@ async fn write_attempt(
 async fn the_last_readers_release_leaves_the_key_to_the_waiting_writer() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    // Owner tokens start with their runtime's id: R1 of runtime a, R2 of runtime b, W of c.
-    const R1: &str = "aaaaaaaaaaaaaaaa1111111111111111-r";
-    const R2: &str = "bbbbbbbbbbbbbbbb2222222222222222-r";
-    const W: &str = "cccccccccccccccc3333333333333333";
-    let first = read_attempt(&mut conn, "rw", R1, false).await;
-    assert!(first > 0, "R1 reads");
-    assert!(
-        write_attempt(&mut conn, "rw", W).await < 0,
-        "the writer waits for R1 (and marks itself waiting)"
-    );
-    assert!(
-        read_attempt(&mut conn, "rw", R2, true).await < 0,
-        "R2 waits behind the writer"
-    );
+    let first = a_writer_waits_for_a_reader(&mut conn, "rw").await;
     // The last reader leaves.
     assert_eq!(read_release(&mut conn, "rw", R1).await, 1);
     // R2 (of another runtime than the releaser's) tries first: still the writer's turn.
@@ -509,17 +536,10 @@ async fn the_last_readers_release_leaves_the_key_to_the_waiting_writer() {
 /// A fair writer's attempt (`fair_acquire.lua`, a place of 5 s in line) on `key` by `owner`.
 async fn fair_attempt(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner: &str) -> i64 {
     let [queue, places] = redis_fair_names(DEFAULT_PREFIX, key);
-    Script::new(dlock_runtime::testing::scripts::FAIR_ACQUIRE)
-        .key(lock_key(key))
-        .key(fence_key(key))
-        .key(queue)
-        .key(places)
-        .arg(owner)
-        .arg(30_000)
-        .arg(630_000)
-        .arg(FENCE_FLOOR_MIN)
-        .arg(1)
-        .arg(&owner[..16])
+    let script = Script::new(dlock_runtime::testing::scripts::FAIR_ACQUIRE);
+    let mut call = script.key(lock_key(key));
+    call.key(fence_key(key)).key(queue).key(places);
+    block_args(&mut call, owner)
         .arg(5_000)
         .invoke_async(conn)
         .await
@@ -536,26 +556,11 @@ async fn a_fair_writer_takes_the_writers_turn_in_line() {
     use futures_util::StreamExt;
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let mut pubsub = server.client().get_async_pubsub().await.unwrap();
-    pubsub.subscribe(released_channel("fair-rw")).await.unwrap();
-    let mut messages = pubsub.on_message();
-    // Owner tokens start with their runtime's id: readers of runtimes a and b, a plain writer
-    // of c, fair writers of d and e.
-    const R1: &str = "aaaaaaaaaaaaaaaa1111111111111111-r";
-    const R2: &str = "bbbbbbbbbbbbbbbb2222222222222222-r";
-    const W: &str = "cccccccccccccccc3333333333333333";
+    let mut messages = releases_of(&server, "fair-rw").await;
+    // Fair writers of runtimes d and e (W, the plain writer, gives up after its first attempt).
     const F1: &str = "dddddddddddddddd4444444444444444";
     const F2: &str = "eeeeeeeeeeeeeeee5555555555555555";
-    let first = read_attempt(&mut conn, "fair-rw", R1, false).await;
-    assert!(first > 0, "R1 reads");
-    assert!(
-        write_attempt(&mut conn, "fair-rw", W).await < 0,
-        "the plain writer waits for R1 and marks itself waiting (then gives up)"
-    );
-    assert!(
-        read_attempt(&mut conn, "fair-rw", R2, true).await < 0,
-        "R2 waits behind the writer's mark"
-    );
+    let first = a_writer_waits_for_a_reader(&mut conn, "fair-rw").await;
     assert!(
         fair_attempt(&mut conn, "fair-rw", F1).await < 0,
         "F1 in line"
