@@ -58,6 +58,10 @@ pub mod scripts {
     pub const READ_ACQUIRE: &str = script::READ_ACQUIRE_LUA;
     /// `read_release.lua`.
     pub const READ_RELEASE: &str = script::READ_RELEASE_LUA;
+    /// `fair_acquire.lua`.
+    pub const FAIR_ACQUIRE: &str = script::FAIR_ACQUIRE_LUA;
+    /// `fair_leave.lua`.
+    pub const FAIR_LEAVE: &str = script::FAIR_LEAVE_LUA;
     /// `force_unlock.lua`.
     pub const FORCE_UNLOCK: &str = script::FORCE_UNLOCK_LUA;
 }

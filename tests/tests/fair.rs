@@ -1,6 +1,6 @@
 //! Fair locks on Redis: a waiter whose process is killed (kill -9) in line blocks the line no
 //! longer than its place lasts, and the line is clean afterwards; a cancelled waiter leaves the
-//! line at once.
+//! line at once; a fair writer takes the writers' turn a read-write lock's last reader leaves.
 //!
 //! FIFO order across runtimes, a cancelled waiter and a waiter that gives up are in the
 //! conformance suite (`tests/conformance/fair.rs`) on every engine.
@@ -10,12 +10,16 @@ use std::time::{Duration, Instant};
 use dlock_runtime::DEFAULT_PREFIX;
 use dlock_runtime::testing::redis_fair_names;
 use dlock_tests::{
-    AcquireExt, HolderProcess, RedisServer, Runtime, eventually, holder_bin, lock_key,
-    script_calls_in,
+    AcquireExt, HolderProcess, LockError, LockGuard, RedisServer, Runtime, eventually, holder_bin,
+    lock_key, script_calls_in, waiter_got_it,
 };
+use tokio::task::JoinHandle;
 
 /// The dead waiter's lease, hence its place in line (1 s past its last heartbeat).
 const PLACE: Duration = Duration::from_secs(1);
+
+/// How long the waiters of the writers' turn test wait (they should get the key at once).
+const GIVE_UP: Duration = Duration::from_secs(10);
 
 /// The length of the line of `key` on `server`.
 async fn line_len(server: &RedisServer, key: &str) -> usize {
@@ -171,4 +175,63 @@ async fn a_fair_try_without_waiting_does_not_join_the_line() {
     assert!(!server.exists(&line).await, "{line} was written");
     assert!(!server.exists(&places).await, "{places} was written");
     holder.release().await.expect("release");
+}
+
+/// Readers of one runtime hold a read-write lock; a plain writer of a second runtime waits
+/// 300 ms (marking itself waiting for 2 s) and gives up; a fair writer of a third waits in
+/// line, and a reader of a fourth waits behind the writer's mark. When the last reader
+/// leaves, the key is the writers' turn until that mark ends: the fair writer takes it within
+/// 500 ms (not when the turn lapses, about 1.6 s later), and when it releases, the waiting
+/// reader is told and gets in within 500 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_writer_takes_the_writers_turn_the_last_reader_leaves() {
+    let server = RedisServer::start();
+    let key = "fair:writers-turn";
+    let mut rts = Vec::new();
+    for _ in 0..4 {
+        rts.push(Runtime::from_url(&server.url()).await.expect("runtime"));
+    }
+    let reader = rts[0].lock(key).read().held("the reader").await;
+    rts[1]
+        .lock(key)
+        .wait(Duration::from_millis(300))
+        .times_out("the plain writer while a reader holds")
+        .await;
+    let fair = rts[2].lock(key).fair(true).wait(GIVE_UP).spawn();
+    eventually(
+        Duration::from_secs(10),
+        "the fair writer in line",
+        || async { line_len(&server, key).await == 1 },
+    )
+    .await;
+    let waiting_reader = rts[3].lock(key).read().wait(GIVE_UP).spawn();
+    // The reader of the fourth runtime has asked, and waits behind the writer's mark.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting_reader.is_finished(), "a reader got in first");
+
+    let writer = hand_over(reader, fair, "the fair writer, after the last reader left").await;
+    assert!(!waiting_reader.is_finished(), "a reader in with the writer");
+    let read = hand_over(
+        writer,
+        waiting_reader,
+        "the waiting reader, after the writer",
+    )
+    .await;
+    read.release().await.expect("release the second reader");
+}
+
+/// Releases `guard`, then joins `waiter` (from [`AcquireExt::spawn`]) and asserts that it got
+/// the key within 500 ms of the release (`what`: who, after what).
+async fn hand_over(
+    guard: LockGuard,
+    waiter: JoinHandle<(Result<LockGuard, LockError>, Instant)>,
+    what: &str,
+) -> LockGuard {
+    let released = Instant::now();
+    guard.release().await.expect("release");
+    let (next, came) = waiter_got_it(waiter, GIVE_UP, what).await;
+    let took = came.saturating_duration_since(released);
+    println!("{what}: acquired in {took:?}");
+    assert!(took < Duration::from_millis(500), "{what}: waited {took:?}");
+    next
 }

@@ -8,8 +8,10 @@ use dlock_tests::{
 };
 use std::time::Duration;
 
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 
+use dlock_runtime::DEFAULT_PREFIX;
+use dlock_runtime::testing::redis_fair_names;
 use dlock_runtime::testing::scripts::{ACQUIRE, FENCE_FLOOR_MIN, RELEASE, RENEW};
 
 const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
@@ -176,6 +178,13 @@ async fn fence_counter_above_the_clock_is_never_lowered_and_outlives_the_lock() 
     assert_eq!(next, ahead + 2, "still above the clock");
 }
 
+/// The messages published on the release channel of `key` from now on.
+async fn releases_of(server: &RedisServer, key: &str) -> redis::aio::PubSubStream {
+    let mut pubsub = server.client().get_async_pubsub().await.unwrap();
+    pubsub.subscribe(released_channel(key)).await.unwrap();
+    pubsub.into_on_message()
+}
+
 /// A release publishes only when a waiter flagged the lock (a busy answer appends `+` to the
 /// owner token): one message for the flagged release, none for the unflagged one nor for a
 /// release that found nothing of ours.
@@ -184,9 +193,7 @@ async fn release_publishes_only_when_a_waiter_flagged_the_lock() {
     use futures_util::StreamExt;
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let mut pubsub = server.client().get_async_pubsub().await.unwrap();
-    pubsub.subscribe(released_channel("pub")).await.unwrap();
-    let mut messages = pubsub.on_message();
+    let mut messages = releases_of(&server, "pub").await;
     let quiet = std::time::Duration::from_millis(300);
 
     assert!(acquire(&mut conn, "pub", A, 30_000).await > 0);
@@ -455,26 +462,75 @@ async fn read_attempt(
         .unwrap()
 }
 
+/// A reader's release (`read_release.lua`) on `key` by `owner`: 1 released, 0 not a reader.
+async fn read_release(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner: &str) -> i64 {
+    Script::new(dlock_runtime::testing::scripts::READ_RELEASE)
+        .key(lock_key(key))
+        .key(format!("{}:readers", lock_key(key)))
+        .arg(owner)
+        .arg(released_channel(key))
+        .arg(&owner[..16])
+        .arg("PUBLISH")
+        .arg(50)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
 /// A writer's waiting attempt (`acquire.lua`, 2 s of writer preference) on `key` by `owner`.
 async fn write_attempt(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
     owner: &str,
 ) -> i64 {
-    Script::new(ACQUIRE)
-        .key(lock_key(key))
-        .key(fence_key(key))
-        .key(turns_key(key))
-        .arg(owner)
+    let script = Script::new(ACQUIRE);
+    let mut call = script.key(lock_key(key));
+    call.key(fence_key(key)).key(turns_key(key));
+    block_args(&mut call, owner)
+        .arg(2_000)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
+/// The arguments after the keys that `acquire.lua` and `fair_acquire.lua` start with, for
+/// `owner`: a lease of 30 s, the counter's TTL, the floor, a block of one, its runtime (the
+/// first 16 characters).
+fn block_args<'a, 'b>(
+    call: &'a mut ScriptInvocation<'b>,
+    owner: &str,
+) -> &'a mut ScriptInvocation<'b> {
+    call.arg(owner)
         .arg(30_000)
         .arg(630_000)
         .arg(FENCE_FLOOR_MIN)
         .arg(1)
         .arg(&owner[..16])
-        .arg(2_000)
-        .invoke_async(conn)
-        .await
-        .unwrap()
+}
+
+// Owner tokens start with their runtime's id: readers R1 of runtime a and R2 of b, a writer
+// W of c.
+const R1: &str = "aaaaaaaaaaaaaaaa1111111111111111-r";
+const R2: &str = "bbbbbbbbbbbbbbbb2222222222222222-r";
+const W: &str = "cccccccccccccccc3333333333333333";
+
+/// R1 reads `key`, W waits for it (and marks itself waiting for 2 s), R2 waits behind W's
+/// mark. Returns R1's fence.
+async fn a_writer_waits_for_a_reader(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> i64 {
+    let first = read_attempt(conn, key, R1, false).await;
+    assert!(first > 0, "R1 reads");
+    assert!(
+        write_attempt(conn, key, W).await < 0,
+        "the writer waits for R1 (and marks itself waiting)"
+    );
+    assert!(
+        read_attempt(conn, key, R2, true).await < 0,
+        "R2 waits behind the writer"
+    );
+    first
 }
 
 /// Writer preference across runtimes: when the last reader leaves while a writer waits, the
@@ -485,33 +541,9 @@ async fn write_attempt(
 async fn the_last_readers_release_leaves_the_key_to_the_waiting_writer() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    // Owner tokens start with their runtime's id: R1 of runtime a, R2 of runtime b, W of c.
-    const R1: &str = "aaaaaaaaaaaaaaaa1111111111111111-r";
-    const R2: &str = "bbbbbbbbbbbbbbbb2222222222222222-r";
-    const W: &str = "cccccccccccccccc3333333333333333";
-    let first = read_attempt(&mut conn, "rw", R1, false).await;
-    assert!(first > 0, "R1 reads");
-    assert!(
-        write_attempt(&mut conn, "rw", W).await < 0,
-        "the writer waits for R1 (and marks itself waiting)"
-    );
-    assert!(
-        read_attempt(&mut conn, "rw", R2, true).await < 0,
-        "R2 waits behind the writer"
-    );
+    let first = a_writer_waits_for_a_reader(&mut conn, "rw").await;
     // The last reader leaves.
-    let released: i64 = Script::new(dlock_runtime::testing::scripts::READ_RELEASE)
-        .key(lock_key("rw"))
-        .key(format!("{}:readers", lock_key("rw")))
-        .arg(R1)
-        .arg(released_channel("rw"))
-        .arg(&R1[..16])
-        .arg("PUBLISH")
-        .arg(50)
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(released, 1);
+    assert_eq!(read_release(&mut conn, "rw", R1).await, 1);
     // R2 (of another runtime than the releaser's) tries first: still the writer's turn.
     let r2 = read_attempt(&mut conn, "rw", R2, true).await;
     assert!(
@@ -525,4 +557,93 @@ async fn the_last_readers_release_leaves_the_key_to_the_waiting_writer() {
     );
     let value: String = server.query(redis::cmd("GET").arg(lock_key("rw"))).await;
     assert_eq!(value.strip_suffix('+').unwrap_or(&value), W, "W holds");
+}
+
+/// A fair writer's attempt (`fair_acquire.lua`, a place of 5 s in line) on `key` by `owner`.
+async fn fair_attempt(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner: &str) -> i64 {
+    let [queue, places] = redis_fair_names(DEFAULT_PREFIX, key);
+    let script = Script::new(dlock_runtime::testing::scripts::FAIR_ACQUIRE);
+    let mut call = script.key(lock_key(key));
+    call.key(fence_key(key)).key(queue).key(places);
+    block_args(&mut call, owner)
+        .arg(5_000)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
+/// The writers' turn (`^`) is a fair writer's too, in the order of the fair line: after the
+/// last reader leaves while a writer's mark is ahead (that writer gave up meanwhile), a fair
+/// writer second in line waits for the first; when the first leaves the line, the others are
+/// told to look again, and the next one takes the key at once (not when the turn lapses),
+/// keeping the flag of the reader that still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_writer_takes_the_writers_turn_in_line() {
+    use futures_util::StreamExt;
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let mut messages = releases_of(&server, "fair-rw").await;
+    // Fair writers of runtimes d and e (W, the plain writer, gives up after its first attempt).
+    const F1: &str = "dddddddddddddddd4444444444444444";
+    const F2: &str = "eeeeeeeeeeeeeeee5555555555555555";
+    let first = a_writer_waits_for_a_reader(&mut conn, "fair-rw").await;
+    assert!(
+        fair_attempt(&mut conn, "fair-rw", F1).await < 0,
+        "F1 in line"
+    );
+    assert!(
+        fair_attempt(&mut conn, "fair-rw", F2).await < 0,
+        "F2 behind F1"
+    );
+    assert_eq!(read_release(&mut conn, "fair-rw", R1).await, 1);
+    let turn: String = server
+        .query(redis::cmd("GET").arg(lock_key("fair-rw")))
+        .await;
+    assert_eq!(turn, "^+", "the writers' turn, flagged for R2");
+    let released = tokio::time::timeout(Duration::from_secs(2), messages.next())
+        .await
+        .expect("the last reader's release publishes")
+        .expect("stream open");
+    assert_eq!(released.get_payload::<String>().unwrap(), &R1[..16]);
+
+    let second = fair_attempt(&mut conn, "fair-rw", F2).await;
+    assert!(
+        second < 0,
+        "F2 took the writers' turn ahead of F1, first in line (fence {second})"
+    );
+    // F1 gives up: those behind it look again, and F2 takes the turn at once.
+    let left: i64 = Script::new(dlock_runtime::testing::scripts::FAIR_LEAVE)
+        .key(lock_key("fair-rw"))
+        .key(redis_fair_names(DEFAULT_PREFIX, "fair-rw")[0].clone())
+        .key(redis_fair_names(DEFAULT_PREFIX, "fair-rw")[1].clone())
+        .arg(F1)
+        .arg(released_channel("fair-rw"))
+        .arg("left")
+        .arg("PUBLISH")
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "F1 was in line");
+    let told = tokio::time::timeout(Duration::from_secs(2), messages.next())
+        .await
+        .expect("F1 leaving the head of the line during the writers' turn publishes")
+        .expect("stream open");
+    assert_eq!(told.get_payload::<String>().unwrap(), "left");
+    let taken = fair_attempt(&mut conn, "fair-rw", F2).await;
+    assert!(
+        taken > first,
+        "F2 waits out the writers' turn instead of taking it ({taken})"
+    );
+    let value: String = server
+        .query(redis::cmd("GET").arg(lock_key("fair-rw")))
+        .await;
+    assert_eq!(
+        value,
+        format!("{F2}+"),
+        "F2 holds, flagged for the waiting R2"
+    );
+    assert!(
+        read_attempt(&mut conn, "fair-rw", R2, true).await < 0,
+        "R2 still waits"
+    );
 }

@@ -318,13 +318,8 @@ impl EtcdBackend {
                 // The holder ahead is ours and released: first in line. With the shared lease
                 // confirmed lately, the key lives for sure (counted from that confirmation),
                 // nothing to ask the server; else the confirmation as after the event.
-                if let Some(shared) = shared.as_ref().filter(|l| l.is_fresh(Instant::now())) {
-                    return Ok(Queued {
-                        attempt: Attempt::Acquired {
-                            fence: u64::try_from(my_revision).ok(),
-                        },
-                        confirmed: Some(shared.confirmed()),
-                    });
+                if let Some(acquired) = acquired_under_fresh(&shared, Instant::now(), my_revision) {
+                    return Ok(acquired);
                 }
                 return self
                     .confirm_first(key, &contender_key, lease_id, &shared, my_revision)
@@ -353,8 +348,7 @@ impl EtcdBackend {
         revision: i64,
     ) -> Result<Queued, LockError> {
         let sent_at = Instant::now();
-        if let Some(shared) = shared.as_ref().filter(|l| l.is_fresh(sent_at)) {
-            let since = shared.confirmed();
+        if let Some(acquired) = acquired_under_fresh(shared, sent_at, revision) {
             let mine = self
                 .bounded(Some(key), "confirmation failed", |mut c| async move {
                     c.get(contender_key, Some(GetOptions::new().with_count_only()))
@@ -368,12 +362,7 @@ impl EtcdBackend {
                     None,
                 ));
             }
-            return Ok(Queued {
-                attempt: Attempt::Acquired {
-                    fence: u64::try_from(revision).ok(),
-                },
-                confirmed: Some(since),
-            });
+            return Ok(acquired);
         }
         // Both at once: one round trip.
         let (mine, alive) = tokio::join!(
@@ -447,6 +436,23 @@ impl EtcdBackend {
         }
         true
     }
+}
+
+/// First in line under a shared lease its keeper confirmed lately (fresh at `at`): the key
+/// lives for sure, and the lock counts from that confirmation. `None` without a shared lease or
+/// when its last confirmation is not recent enough (the caller then renews it).
+fn acquired_under_fresh(
+    shared: &Option<Arc<SharedLease>>,
+    at: Instant,
+    revision: i64,
+) -> Option<Queued> {
+    let shared = shared.as_ref().filter(|l| l.is_fresh(at))?;
+    Some(Queued {
+        attempt: Attempt::Acquired {
+            fence: u64::try_from(revision).ok(),
+        },
+        confirmed: Some(shared.confirmed()),
+    })
 }
 
 /// Aborts a background task when dropped.

@@ -15,7 +15,9 @@ local removed = redis.call('LREM', KEYS[2], 0, ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if first == ARGV[1] and redis.call('LLEN', KEYS[2]) > 0 then
   local held = redis.call('GET', KEYS[1])
-  if held == false or string.sub(held, 1, 1) == '~' then
+  -- Free for a fair lock (see fair_acquire.lua): nothing, a reservation, the writers' turn.
+  local mark = held and string.sub(held, 1, 1)
+  if held == false or mark == '~' or mark == '>' or mark == '^' then
     redis.call(ARGV[4], ARGV[2], ARGV[3])
   end
 end
