@@ -22,6 +22,15 @@ pub(crate) fn p50(sorted: &[Duration]) -> Duration {
     percentile(sorted, 0.5)
 }
 
+/// The median of `values` (the lower middle one of an even count); zero when empty.
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values
+        .get(values.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0.0)
+}
+
 /// `d` in whole microseconds, e.g. `172 us`.
 pub(crate) fn us(d: Duration) -> String {
     format!("{:.0} us", d.as_secs_f64() * 1e6)

@@ -25,16 +25,14 @@ pub(crate) struct HotKey {
 }
 
 impl HotKey {
+    /// Whether the counter equals the sales: no two holders overlapped.
+    pub(crate) fn exact(&self) -> bool {
+        self.exact
+    }
+
     /// The median handoff.
     pub(crate) fn handoff_p50(&self) -> Duration {
         p50(&self.handoff)
-    }
-
-    /// The row comparing this run's median handoff, on engine `name` with `tasks` tasks, to
-    /// `base` (described by `label`).
-    pub(crate) fn handoff_row(&self, name: &str, tasks: usize, base: Duration, label: &str) -> Row {
-        let what = format!("{name}: hot key handoff, p50 ({tasks} tasks)");
-        Row::versus(what, self.handoff_p50(), base, label, "").counter_checked(self.exact)
     }
 }
 

@@ -24,7 +24,7 @@ pub(crate) mod worker;
 use std::time::{Duration, Instant};
 
 use crate::report::Row;
-use crate::stats::{p50, ratio, sorted, times, us};
+use crate::stats::{median, p50, ratio, sorted, times, us};
 use crate::{BoxError, Setup, baselines};
 use crate::{commandstats, cpu};
 use contender::{Contender, Kind};
@@ -102,15 +102,6 @@ fn in_order(mut outcomes: Vec<(usize, Outcome)>) -> Result<[Outcome; 2], BoxErro
         .try_into()
         .map_err(|_| "one outcome per contender")?;
     Ok([dlock, rslock])
-}
-
-/// The median of `values` (the lower middle one of an even count); zero when empty.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values
-        .get(values.len().saturating_sub(1) / 2)
-        .copied()
-        .unwrap_or(0.0)
 }
 
 /// `n` acquire + release pairs of `key`, after `n / 10` unmeasured.
