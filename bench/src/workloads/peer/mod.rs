@@ -7,9 +7,10 @@
 //!   shared connection: sales/s, tasks that never sold, longest wait;
 //! - the same hot key from 4 worker processes of 64 tasks: sales/s, each process's share.
 //!
-//! A hot-key contest is short and its rate moves with whatever else the machine does, so each
-//! runs in [`HOT_ROUNDS`] rounds, the two contenders one after the other in alternating order;
-//! the row gives the median of the rounds' ratios, and the worst round of the service figures.
+//! A contended workload is short and its rate moves with whatever else the machine does, so
+//! each (distinct keys, both hot keys) runs in [`ROUNDS`] rounds, the two contenders one after
+//! the other in alternating order; the row gives the median of the rounds' ratios, and the
+//! worst round of the service figures.
 //!
 //! Layout: [`contender`] puts both libraries behind one face ([`rslock`] is rslock's side),
 //! [`contest`] is the hot-key tasks of one process, [`referee`] starts and ends a hot-key run
@@ -46,9 +47,10 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
         sequential_row(url, &both, 10 * scale).await?,
         commands_row(url, &both, 250 * scale).await?,
     ];
-    rows.extend(distinct_keys_row(&both, setup.server_pid, 64, 250 * scale).await?);
+    let rounds = rounds(setup);
+    let distinct = (64, 250 * scale, rounds);
+    rows.extend(distinct_keys_row(&both, setup.server_pid, distinct).await?);
     let target = 1500 * scale as u64;
-    let rounds = hot_rounds(setup);
     let mut in_process = Vec::new();
     for round in 0..rounds {
         let mut outcomes = Vec::new();
@@ -78,11 +80,11 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     Ok(rows)
 }
 
-/// Rounds of each hot-key contest at full scale (one with `--quick`).
-const HOT_ROUNDS: usize = 5;
+/// Rounds of each contended workload at full scale (one with `--quick`).
+const ROUNDS: usize = 5;
 
-fn hot_rounds(setup: &Setup) -> usize {
-    if setup.options.quick { 1 } else { HOT_ROUNDS }
+fn rounds(setup: &Setup) -> usize {
+    if setup.options.quick { 1 } else { ROUNDS }
 }
 
 /// The order the contenders (0: dlock, 1: rslock) run in round `round`: alternating, so that
@@ -159,20 +161,23 @@ async fn commands_row(url: &str, both: &[Contender; 2], n: usize) -> Result<Row,
     ))
 }
 
-/// `tasks` tasks on a key each, `per_task` pairs each: both contenders in two alternating
-/// rounds of half the pairs, so drift hits both alike.
+/// `tasks` tasks on a key each, `per_task` pairs each: both contenders in `rounds` rounds of
+/// an equal share of the pairs, one after the other in alternating order, so drift hits both
+/// alike; the row gives the median of the rounds' ratios.
 async fn distinct_keys_row(
     both: &[Contender; 2],
     server_pid: u32,
-    tasks: usize,
-    per_task: usize,
+    (tasks, per_task, rounds): (usize, usize, usize),
 ) -> Result<Vec<Row>, BoxError> {
-    let mut spent = [Duration::ZERO; 2];
+    let per_round = (per_task / rounds).max(1);
+    // Pairs per second of each round, per contender.
+    let mut rates = [Vec::new(), Vec::new()];
     // CPU time of this process and of the server, for each contender.
     let mut client_cpu = [Duration::ZERO; 2];
     let mut server_cpu = [Duration::ZERO; 2];
-    for _ in 0..2 {
-        for (i, (contender, spent)) in both.iter().zip(&mut spent).enumerate() {
+    for round in 0..rounds {
+        for i in alternate(round) {
+            let contender = &both[i];
             let (client0, server0) = (cpu::used(None)?, cpu::used(Some(server_pid))?);
             let t = Instant::now();
             let mut set = tokio::task::JoinSet::new();
@@ -180,7 +185,7 @@ async fn distinct_keys_row(
                 let contender = contender.clone();
                 set.spawn(async move {
                     let key = format!("par:{k}");
-                    for _ in 0..per_task / 2 {
+                    for _ in 0..per_round {
                         contender.pair(&key).await?;
                     }
                     Ok::<_, BoxError>(())
@@ -189,13 +194,15 @@ async fn distinct_keys_row(
             while let Some(r) = set.join_next().await {
                 r??;
             }
-            *spent += t.elapsed();
+            rates[i].push((tasks * per_round) as f64 / t.elapsed().as_secs_f64());
             client_cpu[i] += cpu::used(None)?.saturating_sub(client0);
             server_cpu[i] += cpu::used(Some(server_pid))?.saturating_sub(server0);
         }
     }
-    let n = (tasks * (per_task / 2) * 2) as f64;
-    let [d, r] = spent.map(|s| n / s.as_secs_f64());
+    let n = (tasks * per_round * rounds) as f64;
+    let ratios: Vec<f64> = rates[0].iter().zip(&rates[1]).map(|(d, r)| d / r).collect();
+    let listed: Vec<String> = ratios.iter().map(|&x| times(x)).collect();
+    let [d, r] = rates.map(median);
     let per_pair = |cpu: Duration| cpu.as_secs_f64() * 1e6 / n;
     let cpu = |i: usize| {
         format!(
@@ -207,9 +214,13 @@ async fn distinct_keys_row(
     Ok(vec![
         Row::new(
             format!("peer: {tasks} tasks, distinct keys"),
-            format!("{d:.0} pairs/s"),
+            format!("{d:.0} pairs/s (median of {rounds} rounds)"),
             format!("rslock {r:.0} pairs/s"),
-            format!("{:.2}x rslock", d / r),
+            format!(
+                "{} rslock (rounds {})",
+                times(median(ratios)),
+                listed.join(", ")
+            ),
             ">= 1.0x rslock",
         ),
         Row::new(
