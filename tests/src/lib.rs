@@ -22,6 +22,7 @@ mod acquire;
 pub mod handover;
 mod logs;
 mod processes;
+pub mod turns;
 
 pub use acquire::{
     AcquireExt, BuildExt, HoldExt, LONG_LEASE, acquire_within, assert_busy, assert_free,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use dlock_runtime::testing::scripts::FENCE_BLOCK;
 use dlock_tests::{
-    AcquireExt, HoldExt, RedisServer, Runtime, finish_within, lock_key, redis_with_runtime,
+    AcquireExt, HoldExt, RedisServer, Runtime, finish_within, lock_key, redis_with_runtime, turns,
     waiter_got_it,
 };
 
@@ -300,37 +300,22 @@ async fn hot_key_in_two_runtimes_is_shared_between_them() {
 
 /// Three runtimes (as three processes would be) with three tasks each on one key take turns
 /// in the order they came: while all three contend, no runtime holds the key twice before
-/// each of the others held it once (every three consecutive turns are three runtimes).
-/// Without the line of runtimes in Redis, the runtimes told of a flagged release race for it,
-/// and the one the server tells first, or the one just woken, wins turns out of order.
+/// each of the others held it once. Without the line of runtimes in Redis, the runtimes told
+/// of a flagged release race for it, and the one the server tells first, or the one just
+/// woken, wins turns out of order ([0, 2, 0, 2, 0, 2, 1, 2, ...]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_key_in_three_runtimes_takes_turns_in_the_order_they_came() {
     let server = RedisServer::start();
-    const TASKS: usize = 3;
-    const EACH: usize = 100;
-    let order = Arc::new(Mutex::new(Vec::new()));
     let mut runtimes = Vec::new();
-    let mut tasks = Vec::new();
-    for tag in 0..3 {
-        let rt = Runtime::from_url(&server.url()).await.expect("runtime");
-        tasks.extend(contend(&rt, "handoff:turns", (TASKS, EACH, HOLD), tag, &order).await);
-        runtimes.push(rt);
+    for _ in 0..3 {
+        runtimes.push(Runtime::from_url(&server.url()).await.expect("runtime"));
     }
-    let mid = while_all_contended(&order, 3, TASKS * EACH).await;
-    finish_within(tasks, Duration::from_secs(60)).await;
-    assert_increasing(&order.lock().unwrap());
-    // The runtime of each turn: a run of acquisitions by one runtime.
-    let mut turns: Vec<usize> = mid.iter().map(|(tag, _)| *tag).collect();
-    turns.dedup();
-    println!("turns while all three contended: {turns:?}");
-    assert!(turns.len() >= 6, "too few turns to judge: {turns:?}");
-    // The first turn went to whoever came first; from the second on, the line decides.
-    for window in turns[1..].windows(3) {
-        assert!(
-            window[0] != window[2],
-            "turns out of order: {window:?} in {turns:?}"
-        );
-    }
+    let turns = turns::turns(&runtimes, "handoff:turns").await;
+    assert_eq!(
+        turns::out_of_order(&turns, 3),
+        0,
+        "turns out of order: {turns:?}"
+    );
 }
 
 /// A waiter handed the lock but cancelled before it took it (its future dropped between the

@@ -17,6 +17,15 @@ use dlock_runtime::testing::scripts::{ACQUIRE, FENCE_FLOOR_MIN, RELEASE, RENEW};
 const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 
+/// A waiter's place in a key's line of runtimes if it joins now, as the runtime gives it
+/// (`acquire.lua`'s last argument): microseconds since the Unix epoch.
+fn place() -> u64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    since_epoch.as_micros() as u64
+}
+
 async fn acquire(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
@@ -33,6 +42,8 @@ async fn acquire(
         .arg(FENCE_FLOOR_MIN)
         .arg(1)
         .arg(owner)
+        .arg(2_000)
+        .arg(place())
         .invoke_async(conn)
         .await
         .unwrap()
@@ -373,7 +384,9 @@ async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
             .arg(630_000)
             .arg(FENCE_FLOOR_MIN)
             .arg(1)
-            .arg(&owner[..16]);
+            .arg(&owner[..16])
+            .arg(2_000)
+            .arg(place());
         invocation
     };
     let lock = || redis::cmd("GET").arg(lock_key("res")).clone();
@@ -488,6 +501,7 @@ async fn write_attempt(
     call.key(fence_key(key)).key(turns_key(key));
     block_args(&mut call, owner)
         .arg(2_000)
+        .arg(place())
         .invoke_async(conn)
         .await
         .unwrap()

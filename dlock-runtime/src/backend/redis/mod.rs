@@ -200,7 +200,7 @@ impl RedisBackend {
         held: &str,
     ) -> EngineResult<Attempt> {
         if self.reserved_for_us(held) {
-            return self.acquire_script(key, owner, lease).await;
+            return self.acquire_script(key, owner, lease, place_now()).await;
         }
         Ok(Attempt::Busy { ttl: None })
     }
@@ -282,22 +282,52 @@ impl RedisBackend {
     }
 
     /// The waiting attempt: `lua/acquire.lua` (acquires, or flags the holder's lock so that its
-    /// release notifies, and answers its TTL).
+    /// release notifies, takes this runtime's place in the key's line at `place`, and answers
+    /// its TTL).
     async fn acquire_script(
         &self,
         key: &str,
         owner: &str,
         lease: Duration,
+        place: u64,
     ) -> EngineResult<Attempt> {
         let reply: i64 = self
             .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
                 self.block_args(cmd, key, owner, lease);
                 cmd.arg(&self.origin)
-                    .arg(millis_ceil(shared::WRITER_WAITING));
+                    .arg(millis_ceil(shared::WRITER_WAITING))
+                    .arg(place);
             })
             .await?;
         Ok(decode_acquire(reply, FENCE_BLOCK))
     }
+
+    /// [`Backend::try_acquire_waiting`] taking a place in the key's line at `place` (see
+    /// [`place_now`]): Redlock sends every node the same, so that the nodes order the runtimes
+    /// alike and reserve a release for the same one.
+    pub(crate) async fn try_acquire_waiting_at(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+        place: u64,
+    ) -> EngineResult<Attempt> {
+        let mode = Mode::of(owner);
+        if mode.is_shared() {
+            return self.acquire_shared(key, owner, lease, mode, true).await;
+        }
+        self.acquire_script(key, owner, lease, place).await
+    }
+}
+
+/// Where a waiter attempting now takes its runtime's place in a key's line of runtimes
+/// (`lua/acquire.lua`): microseconds since the Unix epoch on this machine's clock. Places are
+/// compared across processes, so across machines they are as fair as the clocks agree (a
+/// place counts only for the order of runtimes waiting at once, never for exclusion).
+pub(crate) fn place_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// `SET lock owner NX PX lease GET`: writes the lock if it is free, and answers the value it
@@ -398,11 +428,8 @@ impl Backend for RedisBackend {
         owner: &str,
         lease: Duration,
     ) -> EngineResult<Attempt> {
-        let mode = Mode::of(owner);
-        if mode.is_shared() {
-            return self.acquire_shared(key, owner, lease, mode, true).await;
-        }
-        self.acquire_script(key, owner, lease).await
+        self.try_acquire_waiting_at(key, owner, lease, place_now())
+            .await
     }
 
     /// Renews `batch` with one script call (the watchdog groups batches by

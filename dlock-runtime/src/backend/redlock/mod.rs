@@ -409,6 +409,8 @@ impl RedlockBackend {
         let started = Instant::now();
         self.note_lease(lease);
         let rejoin_after = self.rejoin_after();
+        // One place in every node's line of runtimes, so that they serve them alike.
+        let place = crate::backend::redis::place_now();
         let (key, owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
         let mut fan = self.each_node(Some(&key), |i, node| {
             let identity = self.identities[i].clone();
@@ -417,7 +419,8 @@ impl RedlockBackend {
             async move {
                 let request = async {
                     if waiting {
-                        node.try_acquire_waiting(&key, &owner, lease).await
+                        node.try_acquire_waiting_at(&key, &owner, lease, place)
+                            .await
                     } else {
                         node.try_acquire(&key, &owner, lease).await
                     }

@@ -11,9 +11,9 @@
 --          writer waited (read_release.lua), free for any writer, not for readers
 -- KEYS[2]  fence counter `<prefix>{<key>}:fence`
 -- KEYS[3]  turns `<prefix>{<key>}:turns`: the runtimes waiting for the key, a sorted set of
---          runtime ids scored by when each joined (server clock, milliseconds); a flagged
---          release reserves the key for the first of them (release.lua), so that the
---          processes contending for a key take turns in the order they came
+--          runtime ids scored by when each joined (ARGV[8]); a flagged release reserves the key
+--          for the first of them (release.lua), so that the processes contending for a key
+--          take turns in the order they came
 -- ARGV[1]  owner token (32 hex digits: the runtime id, then 64 random bits)
 -- ARGV[2]  lease in milliseconds (the lock's TTL)
 -- ARGV[3]  fence counter TTL in milliseconds: the lease plus a margin
@@ -23,6 +23,8 @@
 -- ARGV[6]  this runtime's id
 -- ARGV[7]  writer waiting, in milliseconds: how long a writer that finds readers holding
 --          (their mark `=<until>`, read_acquire.lua) keeps new readers out
+-- ARGV[8]  this runtime's place in the line if it joins now: the client's clock in
+--          microseconds (the same on every Redlock node, so that they order runtimes alike)
 --
 -- Returns one integer (cheaper than a table):
 --         fence > 0     acquired, the LAST token of the reserved block (or already held by
@@ -95,9 +97,7 @@ if string.sub(held, 1, #ARGV[6]) ~= ARGV[6] then
   if string.sub(held, -1) ~= '+' then
     redis.call('SET', KEYS[1], held .. '+', 'KEEPTTL')
   end
-  local now = redis.call('TIME')
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('ZADD', KEYS[3], 'NX', ms, ARGV[6])
+  redis.call('ZADD', KEYS[3], 'NX', ARGV[8], ARGV[6])
   redis.call('PEXPIRE', KEYS[3], ARGV[3])
 end
 local pttl = redis.call('PTTL', KEYS[1])
