@@ -559,7 +559,8 @@ async fn the_last_readers_release_leaves_the_key_to_the_waiting_writer() {
     assert_eq!(value.strip_suffix('+').unwrap_or(&value), W, "W holds");
 }
 
-/// A fair writer's attempt (`fair_acquire.lua`, a place of 5 s in line) on `key` by `owner`.
+/// A fair writer's attempt (`fair_acquire.lua`, a place of 5 s in line, 2 s of writer
+/// preference) on `key` by `owner`.
 async fn fair_attempt(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner: &str) -> i64 {
     let [queue, places] = redis_fair_names(DEFAULT_PREFIX, key);
     let script = Script::new(dlock_runtime::testing::scripts::FAIR_ACQUIRE);
@@ -567,6 +568,7 @@ async fn fair_attempt(conn: &mut redis::aio::MultiplexedConnection, key: &str, o
     call.key(fence_key(key)).key(queue).key(places);
     block_args(&mut call, owner)
         .arg(5_000)
+        .arg(2_000)
         .invoke_async(conn)
         .await
         .unwrap()
