@@ -649,3 +649,48 @@ async fn a_fair_writer_takes_the_writers_turn_in_line() {
         "R2 still waits"
     );
 }
+
+/// A fair waiter that takes a reservation somebody flagged keeps the flag, as acquire.lua
+/// does: its release must notify the waiter of another runtime that asked for it. Both
+/// reservations: `~<releaser>+` (flagged by a waiter of the releaser's runtime, for which the
+/// reservation is not) and `><runtime>+` (the turn of one runtime, flagged by another's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_taking_a_flagged_reservation_keeps_the_flag() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // A holds for runtime a; C is another waiter of runtime a; B and D wait for runtimes b
+    // and d; F is a fair waiter of runtime f.
+    const C: &str = "aaaaaaaaaaaaaaaacccccccccccccccc";
+    const D: &str = "dddddddddddddddddddddddddddddddd";
+    const F: &str = "ffffffffffffffff6666666666666666";
+    for (key, waiter, reservation) in [
+        ("fair-res-any", C, format!("~{}+", &A[..16])),
+        ("fair-res-turn", D, format!(">{}+", &B[..16])),
+    ] {
+        assert!(write_attempt(&mut conn, key, A).await > 0, "A holds");
+        assert!(write_attempt(&mut conn, key, B).await < 0, "B waits");
+        if reservation.starts_with('~') {
+            // Nobody in line: the release reserves the key for every runtime but A's.
+            let () = server.query(redis::cmd("DEL").arg(turns_key(key))).await;
+        }
+        assert_eq!(release(&mut conn, key, A).await, 1);
+        // Long enough for the steps below on a loaded machine (the release reserves 50 ms).
+        let () = server
+            .query(redis::cmd("PEXPIRE").arg(lock_key(key)).arg(10_000))
+            .await;
+        assert!(
+            write_attempt(&mut conn, key, waiter).await < 0,
+            "{waiter} waits out a reservation that is not its runtime's"
+        );
+        let value: String = server.query(redis::cmd("GET").arg(lock_key(key))).await;
+        assert_eq!(value, reservation, "{waiter} flagged the reservation");
+        let taken = fair_attempt(&mut conn, key, F).await;
+        assert!(taken > 0, "F takes the reservation ({taken})");
+        let value: String = server.query(redis::cmd("GET").arg(lock_key(key))).await;
+        assert_eq!(
+            value,
+            format!("{F}+"),
+            "F holds, flagged for {waiter} (taken from {reservation})"
+        );
+    }
+}

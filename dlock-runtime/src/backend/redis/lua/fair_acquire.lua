@@ -4,9 +4,10 @@
 --
 -- KEYS[1]  lock `<prefix>{<key>}` (see acquire.lua: the owner token, `+` appended when a waiter
 --          of another runtime asked to be notified; `><runtime id>` or `~<runtime id>` for a
---          moment after a flagged release, or `^` (`+` appended when flagged), the writers'
---          turn after the last reader left while a writer waited (read_release.lua): all free
---          for a fair lock, whose queue decides who is next; a fair lock is a writer)
+--          moment after a flagged release, or `^`, the writers' turn after the last reader
+--          left while a writer waited (read_release.lua), each with `+` appended when flagged:
+--          all free for a fair lock, whose queue decides who is next, and taken with their
+--          flag; a fair lock is a writer)
 -- KEYS[2]  fence counter `<prefix>{<key>}:fence`
 -- KEYS[3]  queue `<prefix>{<key>}:queue`: a list of owner tokens, first in line first
 -- KEYS[4]  places `<prefix>{<key>}:places`: a sorted set, owner token -> the deadline of its
@@ -44,8 +45,10 @@ local free = held == false or turn or string.sub(held, 1, 1) == '~'
 local ours = held == ARGV[1] or held == ARGV[1] .. '+'
 local first = redis.call('LINDEX', KEYS[3], 0)
 if ours or (free and (first == false or first == ARGV[1])) then
-  -- Taking the writers' turn keeps the flag of the readers that wait meanwhile (acquire.lua).
-  local flagged = turn and string.sub(held, -1) == '+'
+  -- Taking the writers' turn or a reservation keeps its flag, as acquire.lua does: the
+  -- waiters of other runtimes that flagged it (readers during the turn) are still told of
+  -- this release. So does a retry of this owner's acquisition.
+  local flagged = held ~= false and string.sub(held, -1) == '+'
   redis.call('SET', KEYS[1], flagged and ARGV[1] .. '+' or ARGV[1], 'PX', ARGV[2])
   redis.call('LREM', KEYS[3], 0, ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
