@@ -287,7 +287,8 @@ impl LockBuilder {
     /// released the waiters are notified (pub/sub) and the first in line takes it; within a
     /// process, a release is not handed to a local waiter out of turn (no hand-off for fair
     /// locks). Every user of a key must agree: a plain acquisition of a key does not look at
-    /// its line.
+    /// its line. A fair lock is a writer: while readers hold the key, the first in line keeps
+    /// new readers out as any writer does, so a stream of readers cannot starve the line.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

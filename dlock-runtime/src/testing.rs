@@ -42,6 +42,8 @@ pub mod scripts {
 
     /// `acquire.lua` (a waiter's attempt; the first attempt is a plain pipeline).
     pub const ACQUIRE: &str = script::ACQUIRE_LUA;
+    /// `acquire_all.lua` (several keys at once, all or nothing).
+    pub const ACQUIRE_ALL: &str = script::ACQUIRE_ALL_LUA;
     /// `floor.lua`.
     pub const FLOOR: &str = script::FLOOR_LUA;
     /// Tokens one acquisition reserves: at most this many holders of one runtime in a row.

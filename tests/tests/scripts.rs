@@ -16,6 +16,10 @@ use dlock_runtime::testing::scripts::{ACQUIRE, FENCE_FLOOR_MIN, RELEASE, RENEW};
 
 const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+// An owner token starts with its runtime's id (16 characters): C is of A's runtime, D of a
+// third one.
+const C: &str = "aaaaaaaaaaaaaaaacccccccccccccccc";
+const D: &str = "dddddddddddddddddddddddddddddddd";
 
 /// A waiter's place in a key's line of runtimes if it joins now, as the runtime gives it
 /// (`acquire.lua`'s last argument): microseconds since the Unix epoch.
@@ -369,10 +373,8 @@ async fn command_calls(server: &RedisServer) -> std::collections::HashMap<String
 async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    // An owner token starts with its runtime's id (16 characters): A holds for runtime
-    // `&A[..16]`, B and D wait for two other runtimes, C is A's runtime's own waiter.
-    const C: &str = "aaaaaaaaaaaaaaaacccccccccccccccc";
-    const D: &str = "dddddddddddddddddddddddddddddddd";
+    // A holds for runtime `&A[..16]`, B and D wait for two other runtimes, C is A's
+    // runtime's own waiter.
     let script = Script::new(ACQUIRE);
     let acquire_in = |owner: &'static str| {
         let mut invocation = script.key(lock_key("res"));
@@ -573,7 +575,8 @@ async fn the_last_readers_release_leaves_the_key_to_the_waiting_writer() {
     assert_eq!(value.strip_suffix('+').unwrap_or(&value), W, "W holds");
 }
 
-/// A fair writer's attempt (`fair_acquire.lua`, a place of 5 s in line) on `key` by `owner`.
+/// A fair writer's attempt (`fair_acquire.lua`, a place of 5 s in line, 2 s of writer
+/// preference) on `key` by `owner`.
 async fn fair_attempt(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner: &str) -> i64 {
     let [queue, places] = redis_fair_names(DEFAULT_PREFIX, key);
     let script = Script::new(dlock_runtime::testing::scripts::FAIR_ACQUIRE);
@@ -581,6 +584,7 @@ async fn fair_attempt(conn: &mut redis::aio::MultiplexedConnection, key: &str, o
     call.key(fence_key(key)).key(queue).key(places);
     block_args(&mut call, owner)
         .arg(5_000)
+        .arg(2_000)
         .invoke_async(conn)
         .await
         .unwrap()
@@ -658,6 +662,123 @@ async fn a_fair_writer_takes_the_writers_turn_in_line() {
     );
     assert!(
         read_attempt(&mut conn, "fair-rw", R2, true).await < 0,
+        "R2 still waits"
+    );
+}
+
+/// Leaves `key` reserved after A's flagged release, and flagged by a waiter for whom the
+/// reservation is not: for every runtime but A's (`~<a>+`, flagged by C of A's runtime) when
+/// `for_all`, else for B's runtime, first in line (`><b>+`, flagged by D). Returns the
+/// reservation; it lasts 10 s (a release reserves 50 ms), for the steps that follow on a loaded
+/// machine.
+async fn a_flagged_reservation(
+    server: &RedisServer,
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    for_all: bool,
+) -> String {
+    assert!(write_attempt(conn, key, A).await > 0, "A holds");
+    assert!(write_attempt(conn, key, B).await < 0, "B waits");
+    if for_all {
+        // Nobody in line: the release reserves the key for every runtime but A's.
+        let () = server.query(redis::cmd("DEL").arg(turns_key(key))).await;
+    }
+    assert_eq!(release(conn, key, A).await, 1);
+    let () = server
+        .query(redis::cmd("PEXPIRE").arg(lock_key(key)).arg(10_000))
+        .await;
+    let waiter = if for_all { C } else { D };
+    assert!(
+        write_attempt(conn, key, waiter).await < 0,
+        "{waiter} waits out a reservation that is not its runtime's"
+    );
+    let value: String = server.query(redis::cmd("GET").arg(lock_key(key))).await;
+    let expected = if for_all {
+        format!("~{}+", &A[..16])
+    } else {
+        format!(">{}+", &B[..16])
+    };
+    assert_eq!(value, expected, "{waiter} flagged the reservation");
+    value
+}
+
+/// A fair waiter that takes a reservation somebody flagged keeps the flag, as acquire.lua
+/// does: its release must notify the waiter of another runtime that asked for it. Both
+/// reservations: `~<releaser>+` (flagged by a waiter of the releaser's runtime, for which the
+/// reservation is not) and `><runtime>+` (the turn of one runtime, flagged by another's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_taking_a_flagged_reservation_keeps_the_flag() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // F is a fair waiter of a fourth runtime.
+    const F: &str = "ffffffffffffffff6666666666666666";
+    for (key, for_all) in [("fair-res-any", true), ("fair-res-turn", false)] {
+        let reservation = a_flagged_reservation(&server, &mut conn, key, for_all).await;
+        let taken = fair_attempt(&mut conn, key, F).await;
+        assert!(taken > 0, "F takes the reservation ({taken})");
+        let value: String = server.query(redis::cmd("GET").arg(lock_key(key))).await;
+        assert_eq!(
+            value,
+            format!("{F}+"),
+            "F holds, flagged (taken from {reservation})"
+        );
+    }
+}
+
+/// A multi-key attempt (`acquire_all.lua`) by `owner` on `keys`: `[1, fences..]` when all were
+/// taken, else `[0, index of the busy key, its pttl]`.
+async fn acquire_all(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: &[&str],
+    owner: &str,
+) -> Vec<i64> {
+    let script = Script::new(dlock_runtime::testing::scripts::ACQUIRE_ALL);
+    let mut call = script.prepare_invoke();
+    for key in keys {
+        call.key(lock_key(key)).key(fence_key(key));
+    }
+    block_args(&mut call, owner)
+        .invoke_async(conn)
+        .await
+        .unwrap()
+}
+
+/// A multi-key writer takes what a single-key writer takes, keeping the flags as acquire.lua
+/// does: the writers' turn (`^+`, the last reader left while a writer waited; flagged for the
+/// reader that waits) and a flagged reservation for its runtime (`~<a>+`) are free for it, and
+/// their waiters are still told of its release; a free key is taken unflagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_writer_takes_the_writers_turn_and_reservations_with_their_flags() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    a_writer_waits_for_a_reader(&mut conn, "all-turn").await;
+    assert_eq!(read_release(&mut conn, "all-turn", R1).await, 1);
+    let () = server
+        .query(redis::cmd("PEXPIRE").arg(lock_key("all-turn")).arg(10_000))
+        .await;
+    let turn: String = server
+        .query(redis::cmd("GET").arg(lock_key("all-turn")))
+        .await;
+    assert_eq!(turn, "^+", "the writers' turn, flagged for R2");
+    a_flagged_reservation(&server, &mut conn, "all-res", true).await;
+    // M: a multi-key writer of runtime d (not A's, for which the reservation is not).
+    const M: &str = "dddddddddddddddd7777777777777777";
+    let keys = ["all-turn", "all-res", "all-free"];
+    let answer = acquire_all(&mut conn, &keys, M).await;
+    assert_eq!(
+        (answer.len(), answer.first()),
+        (4, Some(&1)),
+        "all three taken: {answer:?}"
+    );
+    for (key, expected) in keys
+        .iter()
+        .zip([format!("{M}+"), format!("{M}+"), M.to_owned()])
+    {
+        let value: String = server.query(redis::cmd("GET").arg(lock_key(key))).await;
+        assert_eq!(value, expected, "{key}");
+    }
+    assert!(
+        read_attempt(&mut conn, "all-turn", R2, true).await < 0,
         "R2 still waits"
     );
 }

@@ -129,6 +129,7 @@ shared_conformance!(
     readers_truly_overlap,
     a_writer_excludes_readers_and_writers,
     a_waiting_writer_is_not_starved_by_readers,
+    a_waiting_fair_writer_is_not_starved_by_readers,
     a_semaphore_never_exceeds_its_permits,
     a_semaphore_of_another_size_is_invalid_config,
     read_and_write_reentrancy_rules,

@@ -1,7 +1,8 @@
-//! Read-write locks and semaphores: readers overlap, a writer excludes readers and writers and
-//! is not starved by a stream of readers, a semaphore never has more holders than permits
-//! (across runtimes), a killed permit holder frees its permit within its lease, mismatched
-//! sizes and a write inside a read are errors; Redlock refuses both with `InvalidConfig`.
+//! Read-write locks and semaphores: readers overlap, a writer excludes readers and writers and,
+//! fair or not, is not starved by a stream of readers, a semaphore never has more holders than
+//! permits (across runtimes), a killed permit holder frees its permit within its lease,
+//! mismatched sizes and a write inside a read are errors; Redlock refuses both with
+//! `InvalidConfig`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -117,6 +118,18 @@ pub(crate) async fn a_writer_excludes_readers_and_writers(engine: Engine) {
 /// runtime asks meanwhile: it gets the key within a bounded wait (new readers queue behind
 /// it), and no reader is inside while it holds.
 pub(crate) async fn a_waiting_writer_is_not_starved_by_readers(engine: Engine) {
+    writer_against_a_stream_of_readers(engine, false).await;
+}
+
+/// The same for a fair writer (`fair(true)`, with plain readers: a fair lock is a writer):
+/// first in its line, it keeps new readers out as a plain writer does. On Redis it only
+/// flagged the readers' mark and waited until the readers stopped (the whole 15 s).
+pub(crate) async fn a_waiting_fair_writer_is_not_starved_by_readers(engine: Engine) {
+    writer_against_a_stream_of_readers(engine, true).await;
+}
+
+/// A writer (fair or not) asks while readers on two other runtimes keep the key read.
+async fn writer_against_a_stream_of_readers(engine: Engine, fair: bool) {
     let fixture = Fixture::start(engine).await;
     let key = "conformance:rw:starve";
     let rts = fixture.runtimes(3).await;
@@ -165,12 +178,14 @@ pub(crate) async fn a_waiting_writer_is_not_starved_by_readers(engine: Engine) {
     let started = Instant::now();
     let writer = rts[2]
         .lock(key)
+        .fair(fair)
         .lease(LONG_LEASE)
         .wait(Duration::from_secs(15))
         .acquire()
         .await;
     let waited = started.elapsed();
-    let writer = writer.unwrap_or_else(|e| panic!("{engine:?}: the writer starved: {e}"));
+    let writer =
+        writer.unwrap_or_else(|e| panic!("{engine:?}: the writer (fair: {fair}) starved: {e}"));
     writer_inside.store(true, Ordering::SeqCst);
     assert_eq!(
         readers_inside.load(Ordering::SeqCst),
@@ -184,7 +199,7 @@ pub(crate) async fn a_waiting_writer_is_not_starved_by_readers(engine: Engine) {
     // writers' turn (`read_release.lua`) ended that. 3 s leaves room for a loaded machine.
     assert!(
         waited < Duration::from_secs(3),
-        "{engine:?}: the writer waited {waited:?} for readers holding 200 ms each"
+        "{engine:?}: the writer (fair: {fair}) waited {waited:?} for readers holding 200 ms each"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     writer_inside.store(false, Ordering::SeqCst);

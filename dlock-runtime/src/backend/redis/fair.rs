@@ -2,13 +2,14 @@
 //! (`lua/fair_acquire.lua`, `lua/fair_leave.lua`), after Redisson's fair lock: a list of
 //! waiters and a sorted set of the deadlines of their places, so that a waiter whose process
 //! died leaves the line when its place runs out. The lock itself is the ordinary one (renewed,
-//! released and inspected as such); its release notifies as usual.
+//! released and inspected as such); its release notifies as usual. A fair lock is a writer:
+//! the first in line that finds readers holding marks itself waiting in their mark for
+//! `shared::WRITER_WAITING` at a time, as a plain writer does (`lua/acquire.lua`).
 
 use std::time::Duration;
 
-use super::RedisBackend;
 use super::script::{FENCE_FLOOR_MIN, decode_acquire, millis_ceil};
-use super::{FENCE_BLOCK, FENCE_TTL};
+use super::{FENCE_BLOCK, FENCE_TTL, RedisBackend, shared};
 use crate::backend::{Attempt, EngineResult};
 
 /// Message a waiter leaving the head of the line publishes (never a runtime id: every
@@ -45,7 +46,8 @@ impl RedisBackend {
                             0
                         } else {
                             millis_ceil(place)
-                        });
+                        })
+                        .arg(millis_ceil(shared::WRITER_WAITING));
                 },
             )
             .await?;

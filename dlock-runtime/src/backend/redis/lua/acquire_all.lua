@@ -3,7 +3,13 @@
 -- draw each one's fence block; when one is held by somebody else, take none.
 --
 -- KEYS[2i-1]  lock of the i-th key `<prefix>{<key>}` (see acquire.lua: the owner token, `+`
---             appended when flagged, or `~<runtime id>` reserved after a flagged release)
+--             appended when flagged; `~<runtime id>` reserved after a flagged release for the
+--             waiters of every other runtime, or `^` the writers' turn after the last reader
+--             left while a writer waited, both free for this writer as for acquire.lua's, and
+--             taken keeping their `+` when flagged, so that the waiters that flagged them are
+--             told of the release; `><runtime id>`, one runtime's turn, and the readers' mark
+--             `=<until>` are busy: this try takes no place in the line of runtimes and does not
+--             mark a writer waiting)
 -- KEYS[2i]    fence counter of the i-th key `<prefix>{<key>}:fence`
 -- ARGV[1]     owner token
 -- ARGV[2]     lease in milliseconds
@@ -16,20 +22,24 @@
 -- taken (or already this owner's: a retry), or {0, i, pttl} when the i-th key is held by
 -- somebody else (pttl -1 when it has no TTL), nothing taken.
 local n = #KEYS / 2
+local flagged = {}
 for i = 1, n do
   local held = redis.call('GET', KEYS[2 * i - 1])
-  if held ~= false and held ~= ARGV[1] and held ~= ARGV[1] .. '+' then
-    -- A reservation for the other runtimes after a flagged release is free for them.
-    local reserved = string.sub(held, 1, 1) == '~'
-    local by = reserved and string.gsub(string.sub(held, 2), '%+$', '') or nil
-    if not reserved or by == ARGV[6] then
+  if held ~= false then
+    flagged[i] = string.sub(held, -1) == '+'
+    local body = flagged[i] and string.sub(held, 1, -2) or held
+    local kind = string.sub(body, 1, 1)
+    -- Free: already this owner's (a retry), the writers' turn, or a reservation for the
+    -- other runtimes after a flagged release.
+    local free = body == ARGV[1] or kind == '^' or (kind == '~' and string.sub(body, 2) ~= ARGV[6])
+    if not free then
       return {0, i, redis.call('PTTL', KEYS[2 * i - 1])}
     end
   end
 end
 local answer = {1}
 for i = 1, n do
-  redis.call('SET', KEYS[2 * i - 1], ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', KEYS[2 * i - 1], flagged[i] and ARGV[1] .. '+' or ARGV[1], 'PX', ARGV[2])
   local counter = KEYS[2 * i]
   local fence = redis.call('INCRBY', counter, ARGV[5])
   if fence < tonumber(ARGV[4]) then
