@@ -725,6 +725,30 @@ async fn a_fair_waiter_taking_a_flagged_reservation_keeps_the_flag() {
     }
 }
 
+/// A fair waiter that takes a release reserved for one runtime in line (`><id>`, not flagged:
+/// nobody else flagged it) leaves its hold flagged: the runtime whose turn it took still
+/// waits, and is told of this release instead of waiting out the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_taking_a_runtimes_turn_flags_the_hold_for_that_runtime() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    const F: &str = "ffffffffffffffff6666666666666666";
+    let key = "fair-turn-of-b";
+    let () = server
+        .query(
+            redis::cmd("SET")
+                .arg(lock_key(key))
+                .arg(format!(">{}", &B[..16]))
+                .arg("PX")
+                .arg(10_000),
+        )
+        .await;
+    let taken = fair_attempt(&mut conn, key, F).await;
+    assert!(taken > 0, "F takes the reservation ({taken})");
+    let value: String = server.query(redis::cmd("GET").arg(lock_key(key))).await;
+    assert_eq!(value, format!("{F}+"), "F holds, flagged for B's runtime");
+}
+
 /// A multi-key attempt (`acquire_all.lua`) by `owner` on `keys`: `[1, fences..]` when all were
 /// taken, else `[0, index of the busy key, its pttl]`.
 async fn acquire_all(
@@ -741,6 +765,39 @@ async fn acquire_all(
         .invoke_async(conn)
         .await
         .unwrap()
+}
+
+/// A release reserved for one runtime's turn (`><id>`) is free to a multi-key writer of that
+/// runtime only, and taken flagged (other runtimes may still be in the key's line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_writer_takes_a_turn_reserved_for_its_runtime_only() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // M: a multi-key writer of runtime d.
+    const M: &str = "dddddddddddddddd7777777777777777";
+    for (key, runtime) in [("all-mine", &M[..16]), ("all-theirs", &B[..16])] {
+        let () = server
+            .query(
+                redis::cmd("SET")
+                    .arg(lock_key(key))
+                    .arg(format!(">{runtime}"))
+                    .arg("PX")
+                    .arg(10_000),
+            )
+            .await;
+    }
+    let busy = acquire_all(&mut conn, &["all-mine", "all-theirs"], M).await;
+    assert_eq!(
+        busy.get(..2),
+        Some(&[0, 2][..]),
+        "another runtime's turn: {busy:?}"
+    );
+    let taken = acquire_all(&mut conn, &["all-mine"], M).await;
+    assert_eq!(taken.first(), Some(&1), "its own runtime's turn: {taken:?}");
+    let value: String = server
+        .query(redis::cmd("GET").arg(lock_key("all-mine")))
+        .await;
+    assert_eq!(value, format!("{M}+"), "taken flagged");
 }
 
 /// A multi-key writer takes what a single-key writer takes, keeping the flags as acquire.lua

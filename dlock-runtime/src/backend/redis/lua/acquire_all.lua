@@ -7,9 +7,10 @@
 --             waiters of every other runtime, or `^` the writers' turn after the last reader
 --             left while a writer waited, both free for this writer as for acquire.lua's, and
 --             taken keeping their `+` when flagged, so that the waiters that flagged them are
---             told of the release; `><runtime id>`, one runtime's turn, and the readers' mark
---             `=<until>` are busy: this try takes no place in the line of runtimes and does not
---             mark a writer waiting)
+--             told of the release; `><runtime id>`, one runtime's turn, is free for that
+--             runtime only (and taken flagged: other runtimes may still be in line); the
+--             readers' mark `=<until>` is busy: this try takes no place in the line of
+--             runtimes and does not mark a writer waiting)
 -- KEYS[2i]    fence counter of the i-th key `<prefix>{<key>}:fence`
 -- ARGV[1]     owner token
 -- ARGV[2]     lease in milliseconds
@@ -29,9 +30,13 @@ for i = 1, n do
     flagged[i] = string.sub(held, -1) == '+'
     local body = flagged[i] and string.sub(held, 1, -2) or held
     local kind = string.sub(body, 1, 1)
-    -- Free: already this owner's (a retry), the writers' turn, or a reservation for the
-    -- other runtimes after a flagged release.
-    local free = body == ARGV[1] or kind == '^' or (kind == '~' and string.sub(body, 2) ~= ARGV[6])
+    -- Free: already this owner's (a retry), the writers' turn, a reservation for the other
+    -- runtimes after a flagged release, or one for this runtime's turn (which leaves it
+    -- flagged: other runtimes may still be in the key's line).
+    local free = body == ARGV[1] or kind == '^'
+      or (kind == '~' and string.sub(body, 2) ~= ARGV[6])
+      or (kind == '>' and string.sub(body, 2) == ARGV[6])
+    flagged[i] = flagged[i] or kind == '>'
     if not free then
       return {0, i, redis.call('PTTL', KEYS[2 * i - 1])}
     end

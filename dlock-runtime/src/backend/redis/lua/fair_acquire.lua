@@ -47,8 +47,10 @@ local first = redis.call('LINDEX', KEYS[3], 0)
 if ours or (free and (first == false or first == ARGV[1])) then
   -- Taking the writers' turn or a reservation keeps its flag, as acquire.lua does: the
   -- waiters of other runtimes that flagged it (readers during the turn) are still told of
-  -- this release. So does a retry of this owner's acquisition.
-  local flagged = held ~= false and string.sub(held, -1) == '+'
+  -- this release. So does a retry of this owner's acquisition. A reservation for one
+  -- runtime (`>`) was made for a runtime in line (acquire.lua), which still waits: flagged.
+  local flagged = held ~= false
+    and (string.sub(held, -1) == '+' or string.sub(held, 1, 1) == '>')
   redis.call('SET', KEYS[1], flagged and ARGV[1] .. '+' or ARGV[1], 'PX', ARGV[2])
   redis.call('LREM', KEYS[3], 0, ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
