@@ -216,6 +216,13 @@ async fn wait_in_queue(
     let queue = ticket.queue();
     // First in line: a holder of this runtime may hand the lock over from now on.
     let head = Head::new(core, queue, terms);
+    // Left in the background if this wait is cancelled after it joined the engine's line.
+    let mut place = LinePlace {
+        core,
+        ticket: &ticket,
+        key: key.clone(),
+        joined: false,
+    };
     let Some(mut watched) = watch(&ticket, &key, deadline).await else {
         return Err(timeout(key, seen_ttl));
     };
@@ -224,6 +231,7 @@ async fn wait_in_queue(
         tokio::pin!(freed);
         freed.as_mut().enable();
         if let Some(held) = head.take(&key, terms) {
+            place.joined = false;
             queue.mark_held(lease);
             return Ok(held);
         }
@@ -254,6 +262,7 @@ async fn wait_in_queue(
         };
         match answer {
             Attempt::Acquired { fence } => {
+                place.joined = false;
                 // Shared holds (readers, permits) do not keep the next head from trying.
                 if !terms.mode.is_shared() {
                     queue.mark_held(lease);
@@ -261,9 +270,11 @@ async fn wait_in_queue(
                 return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
             Attempt::Busy { ttl } => {
+                place.joined = true;
                 let now = Instant::now();
                 seen_ttl = ttl.map(|ttl| (ttl, now));
                 if now >= deadline {
+                    place.joined = false;
                     give_up(core, &ticket, &key).await;
                     return Err(timeout(key, seen_ttl));
                 }
@@ -280,12 +291,36 @@ async fn wait_in_queue(
                 }
                 if !watched {
                     let Some(now_watched) = watch(&ticket, &key, deadline).await else {
+                        place.joined = false;
                         give_up(core, &ticket, &key).await;
                         return Err(timeout(key, seen_ttl));
                     };
                     watched = now_watched;
                 }
             }
+        }
+    }
+}
+
+/// The head waiter's place in the engine's line of processes while it waits: a wait that is
+/// cancelled (its future dropped) after it contended leaves the line in the background when
+/// no other waiter of this runtime takes over, so that no release is reserved for a process
+/// that stopped waiting (a wait that ends by itself leaves through [`give_up`]).
+struct LinePlace<'a> {
+    core: &'a Arc<Core>,
+    ticket: &'a Ticket,
+    key: String,
+    /// The last attempt found the key busy: the engine put this runtime in line.
+    joined: bool,
+}
+
+impl Drop for LinePlace<'_> {
+    fn drop(&mut self) {
+        if self.joined && self.ticket.alone() {
+            let (core, key) = (self.core.clone(), std::mem::take(&mut self.key));
+            self.core
+                .handle
+                .spawn(async move { core.backend.leave_line(&key).await });
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use dlock_runtime::testing::scripts::FENCE_BLOCK;
 use dlock_tests::{
     AcquireExt, HoldExt, RedisServer, Runtime, finish_within, lock_key, redis_with_runtime, turns,
-    waiter_got_it,
+    turns_key, waiter_got_it,
 };
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -461,6 +461,44 @@ async fn hold_parked_for_a_head_asking_another_lease_is_released_not_handed() {
         "a hold besides the second holder's is tracked"
     );
     guard.release().await.expect("release");
+}
+
+/// A waiter of another runtime that contended (took its process's place in the key's line)
+/// and was then cancelled, its future dropped as a dropped request would drop it, leaves the
+/// line: the holder's flagged release then reserves the key for nobody in particular, and a
+/// try from a third runtime takes it at once. Left in line, the release was reserved for the
+/// cancelled waiter's runtime and the try failed for the whole reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_of_another_runtime_leaves_the_line_of_processes() {
+    let server = RedisServer::start();
+    let holder = Runtime::from_url(&server.url()).await.expect("holder");
+    let waiter = Runtime::from_url(&server.url()).await.expect("waiter");
+    let other = Runtime::from_url(&server.url())
+        .await
+        .expect("third runtime");
+    let key = "handoff:cancelled-in-line";
+    let guard = holder.lock(key).held("holder").await;
+    let waiting = waiter.lock(key).wait(Duration::from_secs(30)).acquire();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err(),
+        "the key is held: the wait is cancelled"
+    );
+    dlock_tests::eventually(Duration::from_secs(5), "the line is empty", || async {
+        let line: Vec<String> = server
+            .query(redis::cmd("ZRANGE").arg(turns_key(key)).arg(0).arg(-1))
+            .await;
+        line.is_empty()
+    })
+    .await;
+    guard.release().await.expect("release");
+    let got = other
+        .lock(key)
+        .wait(Duration::ZERO)
+        .held("a try right after the release, from a runtime nobody reserved it against")
+        .await;
+    got.release().await.expect("release");
 }
 
 /// A try without wait from another runtime, right after a release that reserved the key for

@@ -304,8 +304,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The last waiter of this runtime for `key` stopped waiting without the lock (it gave
     /// up): the engine forgets this runtime's place in the line of processes waiting for the
     /// key (Redis: the turns of `lua/acquire.lua`), so that no release reserves the key for a
-    /// process nobody waits in. Best effort: a place left behind (an error, a cancelled wait)
-    /// costs the next release a short reservation for nobody.
+    /// process nobody waits in; after a cancelled wait, in the background. Best effort: a place
+    /// left behind (an error, a process that died) costs the next release a short reservation
+    /// for nobody.
     fn leave_line(&self, _key: &str) -> impl Future<Output = ()> + Send {
         async {}
     }
