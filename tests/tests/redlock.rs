@@ -429,10 +429,12 @@ async fn node_restarted_empty_does_not_admit_a_second_holder() {
 /// Three runtimes (as three processes would be) on a key busy in all of them take turns in
 /// about the order they came, without stalls: every node puts a runtime in its line at the
 /// same place (the client's clock when it asked, the same on every node), so the nodes
-/// reserve a release for the same runtime. Nodes ordering by their own clocks could each
-/// reserve it for a different runtime, none with a majority until the reservations lapse
-/// (50 ms each). A node that has not seen a runtime's request yet when the previous holder's
-/// release arrives may still serve another first, so a few turns may come out of order.
+/// reserve a release for the same runtime; nodes that each reserved it for another runtime
+/// would leave none with a majority until the reservations lapse (50 ms each). A node that
+/// has not yet seen a runtime's request when the previous holder's release arrives may still
+/// serve another first, more often on a loaded machine (7-9 % of the turns with two cores
+/// busy besides), so the order is only bounded here; it is checked strictly on one server
+/// (`handoff.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_take_turns_at_a_busy_key_in_about_the_order_they_came() {
     let nodes = Nodes::start(3);
@@ -449,14 +451,22 @@ async fn processes_take_turns_at_a_busy_key_in_about_the_order_they_came() {
         turns.len()
     );
     assert!(
-        out_of_order * 10 <= turns.len(),
+        out_of_order * 4 <= turns.len(),
         "{out_of_order} of {} turns out of order",
         turns.len()
     );
-    // 900 holds of 1 ms, each a turn: about 3 s here; a reservation split between runtimes
-    // costs 50 ms.
+    for runtime in 0..3 {
+        let share = turns.iter().filter(|t| **t == runtime).count() as f64 / turns.len() as f64;
+        assert!(
+            share >= 0.25,
+            "runtime {runtime} had {:.0} % of the turns",
+            share * 100.0
+        );
+    }
+    // 900 holds of 1 ms, each a turn: about 3 s here (5 s with two cores busy besides); a
+    // reservation split between runtimes costs 50 ms.
     assert!(
-        elapsed < Duration::from_secs(10),
+        elapsed < Duration::from_secs(15),
         "900 holds took {elapsed:?}"
     );
 }

@@ -200,7 +200,9 @@ impl RedisBackend {
         held: &str,
     ) -> EngineResult<Attempt> {
         if self.reserved_for_us(held) {
-            return self.acquire_script(key, owner, lease, place_now()).await;
+            return self
+                .try_acquire_waiting_at(key, owner, lease, place_now())
+                .await;
         }
         Ok(Attempt::Busy { ttl: None })
     }
@@ -281,30 +283,11 @@ impl RedisBackend {
             .arg(FENCE_BLOCK);
     }
 
-    /// The waiting attempt: `lua/acquire.lua` (acquires, or flags the holder's lock so that its
-    /// release notifies, takes this runtime's place in the key's line at `place`, and answers
-    /// its TTL).
-    async fn acquire_script(
-        &self,
-        key: &str,
-        owner: &str,
-        lease: Duration,
-        place: u64,
-    ) -> EngineResult<Attempt> {
-        let reply: i64 = self
-            .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
-                self.block_args(cmd, key, owner, lease);
-                cmd.arg(&self.origin)
-                    .arg(millis_ceil(shared::WRITER_WAITING))
-                    .arg(place);
-            })
-            .await?;
-        Ok(decode_acquire(reply, FENCE_BLOCK))
-    }
-
     /// [`Backend::try_acquire_waiting`] taking a place in the key's line at `place` (see
     /// [`place_now`]): Redlock sends every node the same, so that the nodes order the runtimes
-    /// alike and reserve a release for the same one.
+    /// alike and reserve a release for the same one. A lock's attempt is `lua/acquire.lua`
+    /// (acquires, or flags the holder's lock so that its release notifies, takes this
+    /// runtime's place in the key's line, and answers the holder's TTL).
     pub(crate) async fn try_acquire_waiting_at(
         &self,
         key: &str,
@@ -316,7 +299,15 @@ impl RedisBackend {
         if mode.is_shared() {
             return self.acquire_shared(key, owner, lease, mode, true).await;
         }
-        self.acquire_script(key, owner, lease, place).await
+        let reply: i64 = self
+            .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
+                self.block_args(cmd, key, owner, lease);
+                cmd.arg(&self.origin)
+                    .arg(millis_ceil(shared::WRITER_WAITING))
+                    .arg(place);
+            })
+            .await?;
+        Ok(decode_acquire(reply, FENCE_BLOCK))
     }
 }
 
