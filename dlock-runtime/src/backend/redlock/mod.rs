@@ -206,14 +206,7 @@ impl RedlockBackend {
 
     /// The error of node `i` that did not answer within the node timeout.
     fn node_timed_out(&self, i: usize, key: Option<&str>) -> LockError {
-        LockError::backend(
-            key,
-            format!(
-                "redlock node {} did not answer within {:?}",
-                self.urls[i], self.node_timeout
-            ),
-            None,
-        )
+        timed_out(&self.urls[i], self.node_timeout, key)
     }
 
     /// Runs `op` on every node at once and waits for every answer; each answer is bounded by
@@ -252,7 +245,7 @@ impl RedlockBackend {
     /// counts), whenever its answer comes.
     fn each_node<T, F>(
         &self,
-        key: Option<&str>,
+        key: Option<&Arc<str>>,
         op: impl Fn(usize, Arc<RedisBackend>) -> F,
     ) -> FanOut<T>
     where
@@ -279,10 +272,12 @@ impl RedlockBackend {
                         }
                     }
                 });
-                let call = op(i, node.clone());
+                // Boxed as it is made: the future below moves a pointer, not the request's
+                // whole state, each time it is wrapped or polled first.
+                let call = Box::pin(op(i, node.clone()));
                 let timeout = self.node_timeout;
-                // Only for the message of a node that does not answer.
-                let timed_out = self.node_timed_out(i, key);
+                // Only for the message of a node that does not answer (made if it does not).
+                let (url, key) = (self.urls[i].clone(), key.cloned());
                 // Unconstrained: tokio's cooperative budget must not keep the first poll from
                 // queueing the request on its connection (see `fanout`).
                 let call = Box::pin(tokio::task::unconstrained(async move {
@@ -294,7 +289,7 @@ impl RedlockBackend {
                     };
                     let answer = match tokio::time::timeout(timeout, call).await {
                         Ok(answer) => answer,
-                        Err(_) => Err(timed_out),
+                        Err(_) => Err(timed_out(&url, timeout, key.as_deref())),
                     };
                     if answer.is_err() {
                         identity.suspect();
@@ -507,6 +502,15 @@ impl RedlockBackend {
         };
         Ok(Attempt::Busy { ttl: Some(ttl) })
     }
+}
+
+/// The error of the node at `url` that did not answer within `timeout`.
+fn timed_out(url: &str, timeout: Duration, key: Option<&str>) -> LockError {
+    LockError::backend(
+        key,
+        format!("redlock node {url} did not answer within {timeout:?}"),
+        None,
+    )
 }
 
 impl Backend for RedlockBackend {
