@@ -172,6 +172,24 @@ async fn counter_stays_exact_with_three_runtimes_contending_on_every_shard() {
     );
 }
 
+/// Three runtimes (as three processes would be) on a key busy in all of them take turns in
+/// the order they came on Cluster as on one server: the key's line lives in the key's slot
+/// (`{key}` tag), next to the lock, and its release is published on the sharded channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_take_turns_at_a_busy_key_in_the_order_they_came() {
+    let cluster = RedisCluster::start();
+    let mut runtimes = Vec::new();
+    for _ in 0..3 {
+        runtimes.push(runtime(&cluster).await);
+    }
+    let turns = dlock_tests::turns::turns(&runtimes, "cluster:turns").await;
+    assert_eq!(
+        dlock_tests::turns::out_of_order(&turns, 3),
+        0,
+        "turns out of order: {turns:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_process_on_a_cluster_url_excludes_until_killed() {
     let cluster = RedisCluster::start();
