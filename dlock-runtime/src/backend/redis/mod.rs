@@ -358,8 +358,7 @@ impl Backend for RedisBackend {
         if !self.fencing {
             return self.try_acquire_unfenced(key, owner, lease).await;
         }
-        let lock = self.names.lock(key);
-        let counter = self.names.fence(key);
+        let (lock, counter) = self.names.lock_and(key, names::FENCE);
         let sent_at = tokio::time::Instant::now();
         let push = self.counter_push_needed(&counter, lease, sent_at);
         let mut pipe = redis::Pipeline::with_capacity(3);
@@ -448,11 +447,12 @@ impl Backend for RedisBackend {
         if mode.is_shared() {
             return self.release_shared(key, owner, mode).await;
         }
+        let (lock, turns) = self.names.lock_and(key, names::TURNS);
         let reply: i64 = self
             .run_script(&self.scripts.release, Some(key), "release failed", |cmd| {
                 cmd.arg(2)
-                    .arg(self.names.lock(key))
-                    .arg(self.names.turns(key))
+                    .arg(&lock)
+                    .arg(&turns)
                     .arg(owner)
                     .arg(self.link.publish_command())
                     .arg(millis_ceil(RESERVATION));

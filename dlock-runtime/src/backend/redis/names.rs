@@ -15,6 +15,12 @@
 
 use std::borrow::Cow;
 
+/// What the fence counter's name adds to the lock's (see [`Names::fence`]).
+pub(crate) const FENCE: &str = ":fence";
+
+/// What the line of runtimes' name adds to the lock's (see [`Names::turns`]).
+pub(crate) const TURNS: &str = ":turns";
+
 /// Key and channel names for one prefix.
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
@@ -51,14 +57,24 @@ impl Names {
         self.tagged(key)
     }
 
+    /// The lock's name and the name `suffix` makes of it (`:fence`, `:turns`), escaping the
+    /// key once.
+    pub(crate) fn lock_and(&self, key: &str, suffix: &str) -> (String, String) {
+        let lock = self.tagged(key);
+        let mut other = String::with_capacity(lock.len() + suffix.len());
+        other.push_str(&lock);
+        other.push_str(suffix);
+        (lock, other)
+    }
+
     pub(crate) fn fence(&self, key: &str) -> String {
-        self.tagged(key) + ":fence"
+        self.tagged(key) + FENCE
     }
 
     /// `<prefix>{<key>}:turns`: the runtimes waiting for the key in the order they came (see
     /// `lua/acquire.lua`).
     pub(crate) fn turns(&self, key: &str) -> String {
-        self.tagged(key) + ":turns"
+        self.tagged(key) + TURNS
     }
 
     /// `<prefix>{<key>}:readers`: a read-write lock's readers (see `lua/read_acquire.lua`).
@@ -138,7 +154,10 @@ impl Names {
 /// `text` with each of `special` (and only those) written `%XX`; borrowed when there is none
 /// (the common case: no allocation on the hot path).
 fn escape<'a>(text: &'a str, special: &[char]) -> Cow<'a, str> {
-    if !text.contains(special) {
+    // Every special character is ASCII: a byte scan finds them (it runs for every name of
+    // every request, mostly on keys that have none).
+    debug_assert!(special.iter().all(char::is_ascii));
+    if !text.bytes().any(|b| special.contains(&char::from(b))) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 4);
