@@ -364,6 +364,24 @@ async fn command_calls(server: &RedisServer) -> std::collections::HashMap<String
         .collect()
 }
 
+/// A waiter's attempt (`acquire.lua`) at `key` by `owner` (of the runtime its first 16
+/// characters name; a lease of 30 s, a block of one, 2 s of writer preference), taking its
+/// runtime's place in the key's line at `place` if given, else at the server's clock.
+fn waiting_attempt<'a>(
+    script: &'a Script,
+    key: &str,
+    owner: &str,
+    place: Option<u64>,
+) -> ScriptInvocation<'a> {
+    let mut invocation = script.key(lock_key(key));
+    invocation.key(fence_key(key)).key(turns_key(key));
+    block_args(&mut invocation, owner).arg(2_000);
+    if let Some(place) = place {
+        invocation.arg(place);
+    }
+    invocation
+}
+
 /// A flagged release reserves the key for a moment for the runtime first in line: the other
 /// runtimes' waiters, the releaser's own included, are busy (for at most the reservation) and
 /// keep their places; the runtime whose turn it is takes it, flagged for those still in line,
@@ -376,21 +394,7 @@ async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
     // A holds for runtime `&A[..16]`, B and D wait for two other runtimes, C is A's
     // runtime's own waiter.
     let script = Script::new(ACQUIRE);
-    let acquire_in = |owner: &'static str| {
-        let mut invocation = script.key(lock_key("res"));
-        invocation
-            .key(fence_key("res"))
-            .key(turns_key("res"))
-            .arg(owner)
-            .arg(30_000)
-            .arg(630_000)
-            .arg(FENCE_FLOOR_MIN)
-            .arg(1)
-            .arg(&owner[..16])
-            .arg(2_000)
-            .arg(place());
-        invocation
-    };
+    let acquire_in = |owner: &'static str| waiting_attempt(&script, "res", owner, Some(place()));
     let lock = || redis::cmd("GET").arg(lock_key("res")).clone();
     let first: i64 = acquire_in(A).invoke_async(&mut conn).await.unwrap();
     assert!(first > 0);
@@ -452,6 +456,43 @@ async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
     );
     let taken: i64 = acquire_in(C).invoke_async(&mut conn).await.unwrap();
     assert!(taken > first, "another runtime takes it");
+}
+
+/// The line of runtimes is ordered by the place a waiter gives (Redlock: the client's clock,
+/// the same on every node), else by the server's clock when the waiter asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_line_is_ordered_by_the_given_place_else_by_the_servers_clock() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = Script::new(ACQUIRE);
+    let attempt = |key, owner, place| waiting_attempt(&script, key, owner, place);
+    const D: &str = "dddddddddddddddddddddddddddddddd";
+    for (key, places) in [
+        ("line-given", [Some(2_000), Some(1_000)]),
+        ("line-server", [None, None]),
+    ] {
+        let held: i64 = attempt(key, A, None).invoke_async(&mut conn).await.unwrap();
+        assert!(held > 0);
+        // B asks first, D second.
+        for (owner, place) in [(B, places[0]), (D, places[1])] {
+            let busy: i64 = attempt(key, owner, place)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            assert!(busy < 0, "{owner} waits");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let line: Vec<String> = server
+            .query(redis::cmd("ZRANGE").arg(turns_key(key)).arg(0).arg(-1))
+            .await;
+        let expected = match places[0] {
+            // D gave the earlier place.
+            Some(_) => [&D[..16], &B[..16]],
+            // The server saw B first.
+            None => [&B[..16], &D[..16]],
+        };
+        assert_eq!(line, expected, "{key}");
+    }
 }
 
 /// A reader's attempt (`read_acquire.lua`) on `key` by `owner` (its runtime: the first 16

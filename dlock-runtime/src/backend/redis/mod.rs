@@ -200,9 +200,7 @@ impl RedisBackend {
         held: &str,
     ) -> EngineResult<Attempt> {
         if self.reserved_for_us(held) {
-            return self
-                .try_acquire_waiting_at(key, owner, lease, place_now())
-                .await;
+            return self.try_acquire_waiting_at(key, owner, lease, None).await;
         }
         Ok(Attempt::Busy { ttl: None })
     }
@@ -283,9 +281,9 @@ impl RedisBackend {
             .arg(FENCE_BLOCK);
     }
 
-    /// [`Backend::try_acquire_waiting`] taking a place in the key's line at `place` (see
-    /// [`place_now`]): Redlock sends every node the same, so that the nodes order the runtimes
-    /// alike and reserve a release for the same one. A lock's attempt is `lua/acquire.lua`
+    /// [`Backend::try_acquire_waiting`], taking a place in the key's line at `place` (see
+    /// [`place_now`]) if given, else at the server's clock: Redlock gives every node the same,
+    /// so that the nodes order the runtimes alike and reserve a release for the same one. A lock's attempt is `lua/acquire.lua`
     /// (acquires, or flags the holder's lock so that its release notifies, takes this
     /// runtime's place in the key's line, and answers the holder's TTL).
     pub(crate) async fn try_acquire_waiting_at(
@@ -293,7 +291,7 @@ impl RedisBackend {
         key: &str,
         owner: &str,
         lease: Duration,
-        place: u64,
+        place: Option<u64>,
     ) -> EngineResult<Attempt> {
         let mode = Mode::of(owner);
         if mode.is_shared() {
@@ -303,18 +301,21 @@ impl RedisBackend {
             .run_script(&self.scripts.acquire, Some(key), "acquire failed", |cmd| {
                 self.block_args(cmd, key, owner, lease);
                 cmd.arg(&self.origin)
-                    .arg(millis_ceil(shared::WRITER_WAITING))
-                    .arg(place);
+                    .arg(millis_ceil(shared::WRITER_WAITING));
+                if let Some(place) = place {
+                    cmd.arg(place);
+                }
             })
             .await?;
         Ok(decode_acquire(reply, FENCE_BLOCK))
     }
 }
 
-/// Where a waiter attempting now takes its runtime's place in a key's line of runtimes
-/// (`lua/acquire.lua`): microseconds since the Unix epoch on this machine's clock. Places are
-/// compared across processes, so across machines they are as fair as the clocks agree (a
-/// place counts only for the order of runtimes waiting at once, never for exclusion).
+/// Where a Redlock waiter attempting now takes its runtime's place in a key's line of runtimes
+/// on every node (`lua/acquire.lua`): microseconds since the Unix epoch on this machine's
+/// clock. Places are compared across processes, so across machines the order is as fair as
+/// the clocks agree (a place counts only for the order of runtimes waiting at once, never for
+/// exclusion); one server or a Cluster orders by the server's clock instead.
 pub(crate) fn place_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -418,8 +419,7 @@ impl Backend for RedisBackend {
         owner: &str,
         lease: Duration,
     ) -> EngineResult<Attempt> {
-        self.try_acquire_waiting_at(key, owner, lease, place_now())
-            .await
+        self.try_acquire_waiting_at(key, owner, lease, None).await
     }
 
     /// Renews `batch` with one script call (the watchdog groups batches by

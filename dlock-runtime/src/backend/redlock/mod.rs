@@ -414,7 +414,7 @@ impl RedlockBackend {
             async move {
                 let request = async {
                     if waiting {
-                        node.try_acquire_waiting_at(&key, &owner, lease, place)
+                        node.try_acquire_waiting_at(&key, &owner, lease, Some(place))
                             .await
                     } else {
                         node.try_acquire(&key, &owner, lease).await

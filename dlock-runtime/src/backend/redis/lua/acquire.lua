@@ -11,9 +11,9 @@
 --          writer waited (read_release.lua), free for any writer, not for readers
 -- KEYS[2]  fence counter `<prefix>{<key>}:fence`
 -- KEYS[3]  turns `<prefix>{<key>}:turns`: the runtimes waiting for the key, a sorted set of
---          runtime ids scored by when each joined (ARGV[8]); a flagged release reserves the key
---          for the first of them (release.lua), so that the processes contending for a key
---          take turns in the order they came
+--          runtime ids scored by when each joined (in microseconds: ARGV[8], else the server's
+--          clock); a flagged release reserves the key for the first of them (release.lua), so
+--          that the processes contending for a key take turns in the order they came
 -- ARGV[1]  owner token (32 hex digits: the runtime id, then 64 random bits)
 -- ARGV[2]  lease in milliseconds (the lock's TTL)
 -- ARGV[3]  fence counter TTL in milliseconds: the lease plus a margin
@@ -23,8 +23,9 @@
 -- ARGV[6]  this runtime's id
 -- ARGV[7]  writer waiting, in milliseconds: how long a writer that finds readers holding
 --          (their mark `=<until>`, read_acquire.lua) keeps new readers out
--- ARGV[8]  this runtime's place in the line if it joins now: the client's clock in
---          microseconds (the same on every Redlock node, so that they order runtimes alike)
+-- ARGV[8]  optional: this runtime's place in the line if it joins now, the client's clock in
+--          microseconds (Redlock: the same on every node, so that they order runtimes alike;
+--          without it, one server's clock orders them, whatever the clients' clocks say)
 --
 -- Returns one integer (cheaper than a table):
 --         fence > 0     acquired, the LAST token of the reserved block (or already held by
@@ -97,7 +98,12 @@ if string.sub(held, 1, #ARGV[6]) ~= ARGV[6] then
   if string.sub(held, -1) ~= '+' then
     redis.call('SET', KEYS[1], held .. '+', 'KEEPTTL')
   end
-  redis.call('ZADD', KEYS[3], 'NX', ARGV[8], ARGV[6])
+  local place = ARGV[8]
+  if place == nil then
+    local now = redis.call('TIME')
+    place = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
+  redis.call('ZADD', KEYS[3], 'NX', place, ARGV[6])
   redis.call('PEXPIRE', KEYS[3], ARGV[3])
 end
 local pttl = redis.call('PTTL', KEYS[1])
