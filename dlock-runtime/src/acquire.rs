@@ -247,6 +247,9 @@ async fn wait_in_queue(
             continue;
         }
         let sent_at = Instant::now();
+        // The attempt may put this runtime in the engine's line, even if its answer never
+        // arrives here (the wait cancelled while it is out).
+        place.joined = true;
         let answer = match attempt(core, &key, &owner, lease, true).await {
             Ok(answer) => answer,
             // A transient engine error (a failover, a reconnect) while the wait budget lasts:
@@ -270,7 +273,6 @@ async fn wait_in_queue(
                 return Ok(Held::new(core, key, owner, fence, terms, sent_at));
             }
             Attempt::Busy { ttl } => {
-                place.joined = true;
                 let now = Instant::now();
                 seen_ttl = ttl.map(|ttl| (ttl, now));
                 if now >= deadline {
@@ -310,7 +312,8 @@ struct LinePlace<'a> {
     core: &'a Arc<Core>,
     ticket: &'a Ticket,
     key: String,
-    /// The last attempt found the key busy: the engine put this runtime in line.
+    /// An attempt was sent since the last acquisition: the engine may have put this runtime
+    /// in line.
     joined: bool,
 }
 

@@ -73,6 +73,11 @@ pub(crate) async fn acquire(
         } else {
             place
         };
+        // The request may put this waiter in line, even if its answer never arrives here (the
+        // wait cancelled while it is out): from now on a cancellation leaves the line.
+        if !ask.is_zero() && place_left.owner.is_none() {
+            place_left.owner = Some(owner.clone());
+        }
         let request = core
             .backend
             .try_acquire_fair(&key, &owner, terms.lease, ask);
@@ -100,7 +105,6 @@ pub(crate) async fn acquire(
         };
         if !ask.is_zero() {
             in_line = true;
-            place_left.owner = Some(owner.clone());
         }
         let now = Instant::now();
         // The holder's TTL as this busy answer said, and when it came.
