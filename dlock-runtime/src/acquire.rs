@@ -276,8 +276,7 @@ async fn wait_in_queue(
                 let now = Instant::now();
                 seen_ttl = ttl.map(|ttl| (ttl, now));
                 if now >= deadline {
-                    place.joined = false;
-                    give_up(core, &ticket, &key).await;
+                    place.give_up().await;
                     return Err(timeout(key, seen_ttl));
                 }
                 // A lost notification costs at most the holder's remaining TTL. Without a TTL
@@ -293,8 +292,7 @@ async fn wait_in_queue(
                 }
                 if !watched {
                     let Some(now_watched) = watch(&ticket, &key, deadline).await else {
-                        place.joined = false;
-                        give_up(core, &ticket, &key).await;
+                        place.give_up().await;
                         return Err(timeout(key, seen_ttl));
                     };
                     watched = now_watched;
@@ -315,6 +313,15 @@ struct LinePlace<'a> {
     /// An attempt was sent since the last acquisition: the engine may have put this runtime
     /// in line.
     joined: bool,
+}
+
+impl LinePlace<'_> {
+    /// The wait ends without the lock: leaves the line now (see [`give_up`]), not from the
+    /// drop.
+    async fn give_up(&mut self) {
+        self.joined = false;
+        give_up(self.core, self.ticket, &self.key).await;
+    }
 }
 
 impl Drop for LinePlace<'_> {
