@@ -786,6 +786,27 @@ mod tests {
         assert!(free(&rt, "job").await, "still taken after the hold ended");
     }
 
+    /// A protected body whose lease runs out unrenewed (no watchdog) takes no step after it,
+    /// and its call fails `Lost`.
+    #[tokio::test(start_paused = true)]
+    async fn a_protected_body_takes_no_step_after_its_validity_ran_out() {
+        let rt = memory().await;
+        let steps = std::sync::atomic::AtomicU32::new(0);
+        let out = with_lock(rt.lock("job").lease(SEC).watchdog(false), async {
+            for _ in 0..10 {
+                steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+        })
+        .await;
+        assert!(
+            matches!(out, Err(LockError::Lost { ref key }) if key == "job"),
+            "{out:?}"
+        );
+        // Steps at 0, 400 and 800 ms; none at 1200 ms.
+        assert_eq!(steps.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_dropped_guard_keeps_the_key_too() {
         let rt = memory().await;
