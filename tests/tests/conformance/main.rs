@@ -1,8 +1,12 @@
 //! The conformance suite: every behaviour of the lock contract written once and run on all six
 //! engines. [`conformance!`] stamps each behaviour out as one `#[tokio::test]` per engine, named
-//! `<engine>::<behaviour>` (e.g. `redis::mutual_exclusion_with_many_contenders`), so
+//! `conformance::<engine>::<behaviour>` (e.g.
+//! `conformance::redis::mutual_exclusion_with_many_contenders`), so
 //! `cargo test -p dlock-tests --test conformance etcd::` runs one engine and
-//! `cargo test -p dlock-tests --test conformance fences` one behaviour everywhere.
+//! `cargo test -p dlock-tests --test conformance fences` one behaviour everywhere. (The
+//! `conformance::` prefix, `conformance_shared::` for read-write locks and semaphores, lets
+//! `scripts/test` run the suite on its own, four tests at a time: its tests spend most of
+//! their time waiting on leases and on servers of their own.)
 //!
 //! Each test starts its own servers ([`fixture::Fixture`]) and connects several runtimes to
 //! them; separate runtimes stand for separate processes (on the memory engine, whose state
@@ -32,20 +36,22 @@ mod shared;
 mod support;
 mod waiting;
 
-/// Generates one module per engine with one `#[tokio::test]` per `area::behaviour`, each calling
-/// `area::behaviour(Engine::..)`: the behaviours listed under `every engine` on all six, those
-/// under `engines with servers` on all but memory.
+/// Generates one module per engine (inside `conformance`) with one `#[tokio::test]` per
+/// `area::behaviour`, each calling `area::behaviour(Engine::..)`: the behaviours listed under
+/// `every engine` on all six, those under `engines with servers` on all but memory.
 macro_rules! conformance {
     (
         every engine: $($area:ident :: $behaviour:ident),+ ;
         engines with servers: $($s_area:ident :: $s_behaviour:ident),+ $(,)?
     ) => {
-        conformance!(@engine memory, Memory, $($area::$behaviour),+);
-        conformance!(@engine redis, Redis, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
-        conformance!(@engine cluster, Cluster, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
-        conformance!(@engine redlock, Redlock, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
-        conformance!(@engine etcd, Etcd, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
-        conformance!(@engine zookeeper, ZooKeeper, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
+        mod conformance {
+            conformance!(@engine memory, Memory, $($area::$behaviour),+);
+            conformance!(@engine redis, Redis, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
+            conformance!(@engine cluster, Cluster, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
+            conformance!(@engine redlock, Redlock, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
+            conformance!(@engine etcd, Etcd, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
+            conformance!(@engine zookeeper, ZooKeeper, $($area::$behaviour,)+ $($s_area::$s_behaviour),+);
+        }
     };
     (@engine $module:ident, $engine:ident, $($area:ident :: $behaviour:ident),+) => {
         mod $module {
@@ -104,8 +110,8 @@ conformance!(
     faults::engine_down_while_held_is_lost_and_waiters_acquire_after_restart,
 );
 
-/// Read-write locks and semaphores: stamped like [`conformance!`] under `shared_primitives::`
-/// (`shared_primitives::etcd::readers_truly_overlap`) on every engine but Redlock, which has
+/// Read-write locks and semaphores: stamped like [`conformance!`] under `conformance_shared::`
+/// (`conformance_shared::etcd::readers_truly_overlap`) on every engine but Redlock, which has
 /// neither and gets the behaviour of its clear error instead.
 macro_rules! shared_conformance {
     (
@@ -113,7 +119,7 @@ macro_rules! shared_conformance {
         engines with servers: $($s_behaviour:ident),+ ;
         redlock: $($r_behaviour:ident),+ $(,)?
     ) => {
-        mod shared_primitives {
+        mod conformance_shared {
             conformance!(@engine memory, Memory, $(shared::$behaviour),+);
             conformance!(@engine redis, Redis, $(shared::$behaviour,)+ $(shared::$s_behaviour),+);
             conformance!(@engine cluster, Cluster, $(shared::$behaviour,)+ $(shared::$s_behaviour),+);
