@@ -184,7 +184,9 @@ impl RedisBackend {
             .call(Some(key), "acquire failed", cmd.query_async(&mut conn))
             .await?;
         match held.as_deref() {
-            Some(held) if !is_owner(held, owner) => self.found_taken(key, owner, lease, held).await,
+            Some(held) if !is_owner(held, owner) => {
+                Box::pin(self.found_taken(key, owner, lease, held)).await
+            }
             _ => Ok(Attempt::Acquired { fence: None }),
         }
     }
@@ -336,6 +338,22 @@ fn set_if_free(lock: &str, owner: &str, lease: Duration) -> redis::Cmd {
     cmd
 }
 
+/// The replies of the first attempt's `SET … GET` and `INCRBY`: the lock's previous value and
+/// the counter's new one (a `PEXPIRE` after them is ignored).
+fn held_and_fence(replies: Vec<redis::Value>) -> redis::RedisResult<(Option<String>, i64)> {
+    let mut replies = replies.into_iter();
+    match (replies.next(), replies.next()) {
+        (Some(held), Some(fence)) => Ok((
+            redis::from_redis_value(held)?,
+            redis::from_redis_value(fence)?,
+        )),
+        _ => Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "fewer replies than commands in the acquire pipeline",
+        ))),
+    }
+}
+
 /// Whether the lock's value `held` is `owner`'s (a `+` appended when a waiter flagged it): a
 /// retried request of the same owner, which keeps its one hold.
 fn is_owner(held: &str, owner: &str) -> bool {
@@ -354,7 +372,9 @@ impl Backend for RedisBackend {
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         let mode = Mode::of(owner);
         if mode.is_shared() {
-            return self.acquire_shared(key, owner, lease, mode, false).await;
+            // Boxed, as every path but the common one: the future a first attempt makes stays
+            // small (it is boxed and copied once, see `Backend::try_acquire`).
+            return Box::pin(self.acquire_shared(key, owner, lease, mode, false)).await;
         }
         if !self.fencing {
             return self.try_acquire_unfenced(key, owner, lease).await;
@@ -374,22 +394,28 @@ impl Backend for RedisBackend {
                 .ignore();
         }
         let mut conn = self.link.handle();
-        let (held, fence): (Option<String>, i64) = self
-            .call(Some(key), "acquire failed", pipe.query_async(&mut conn))
-            .await?;
+        let sent = std::pin::pin!(conn.replies(&pipe, if push { 3 } else { 2 }));
+        let replies = self.bounded(sent).await;
+        let (held, fence) = self.settle(
+            Some(key),
+            "acquire failed",
+            replies.map(|replies| held_and_fence(replies?)),
+        )?;
         if push {
             self.counter_pushed(&counter, sent_at);
         }
         if let Some(held) = held.as_deref().filter(|held| !is_owner(held, owner)) {
-            return self.found_taken(key, owner, lease, held).await;
+            return Box::pin(self.found_taken(key, owner, lease, held)).await;
         }
         let last = if fence < FENCE_FLOOR_MIN {
-            self.run_script(&self.scripts.floor, Some(key), "acquire failed", |cmd| {
-                cmd.arg(1)
-                    .arg(&*counter)
-                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
-                    .arg(FENCE_BLOCK);
-            })
+            Box::pin(
+                self.run_script(&self.scripts.floor, Some(key), "acquire failed", |cmd| {
+                    cmd.arg(1)
+                        .arg(&*counter)
+                        .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
+                        .arg(FENCE_BLOCK);
+                }),
+            )
             .await?
         } else {
             fence
@@ -445,7 +471,7 @@ impl Backend for RedisBackend {
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
         let mode = Mode::of(owner);
         if mode.is_shared() {
-            return self.release_shared(key, owner, mode).await;
+            return Box::pin(self.release_shared(key, owner, mode)).await;
         }
         let (lock, turns) = self.names.lock_and(key, names::TURNS);
         let reply: i64 = self

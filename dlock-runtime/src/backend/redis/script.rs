@@ -130,15 +130,15 @@ impl RedisBackend {
         let mut cmd = redis::Cmd::with_capacity(16, 256);
         cmd.arg("EVALSHA").arg(&lua.sha);
         fill(&mut cmd);
-        let answer = match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await
-        {
-            Ok(Err(err))
+        let answer = self.bounded(std::pin::pin!(conn.query::<T>(&cmd))).await;
+        let answer = match answer {
+            Some(Err(err))
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(lua.src);
                 fill(&mut cmd);
-                tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await
+                self.bounded(std::pin::pin!(conn.query(&cmd))).await
             }
             answer => answer,
         };
