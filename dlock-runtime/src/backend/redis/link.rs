@@ -216,9 +216,27 @@ impl RedisBackend {
     /// server), and each move into a wrapper such as `tokio::time::timeout` copies all of it.
     pub(super) async fn bounded<F: std::future::Future>(
         &self,
-        mut request: Pin<&mut F>,
+        request: Pin<&mut F>,
     ) -> Option<F::Output> {
-        let mut bound = std::pin::pin!(tokio::time::sleep(self.timeout));
+        self.bounded_by(request, std::pin::pin!(tokio::time::sleep(self.timeout)))
+            .await
+    }
+
+    /// The response bound of a request sent at `sent_at` (a clock reading the caller has
+    /// anyway: the bound reads no clock of its own).
+    pub(super) fn bound_from(&self, sent_at: tokio::time::Instant) -> tokio::time::Sleep {
+        match sent_at.checked_add(self.timeout) {
+            Some(deadline) => tokio::time::sleep_until(deadline),
+            None => tokio::time::sleep(self.timeout),
+        }
+    }
+
+    /// [`bounded`](RedisBackend::bounded) by `bound` (see [`bound_from`](RedisBackend::bound_from)).
+    pub(super) async fn bounded_by<F: std::future::Future>(
+        &self,
+        mut request: Pin<&mut F>,
+        mut bound: Pin<&mut tokio::time::Sleep>,
+    ) -> Option<F::Output> {
         std::future::poll_fn(|cx| {
             if let Poll::Ready(answer) = request.as_mut().poll(cx) {
                 return Poll::Ready(Some(answer));

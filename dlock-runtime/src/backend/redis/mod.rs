@@ -397,7 +397,9 @@ impl Backend for RedisBackend {
         }
         let mut conn = self.link.handle();
         let sent = std::pin::pin!(conn.replies(&pipe, if push { 3 } else { 2 }));
-        let replies = self.bounded(sent).await;
+        let replies = self
+            .bounded_by(sent, std::pin::pin!(self.bound_from(sent_at)))
+            .await;
         let (held, fence) = self.settle(
             Some(key),
             "acquire failed",
