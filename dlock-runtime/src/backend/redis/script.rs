@@ -211,6 +211,26 @@ mod tests {
     }
 
     #[test]
+    fn a_spare_command_comes_back_empty_and_a_large_one_is_not_kept() {
+        let mut cmd = spare_command();
+        cmd.arg("EVALSHA").arg("abc").arg(1).arg("dlock:{k}");
+        keep_command(cmd);
+        let cmd = spare_command();
+        assert_eq!(cmd.args_iter().len(), 0);
+        assert_eq!(
+            cmd.get_packed_command(),
+            redis::Cmd::new().get_packed_command()
+        );
+
+        let mut large = spare_command();
+        for i in 0..=SPARE_ARGS {
+            large.arg(i);
+        }
+        keep_command(large);
+        assert!(SPARE.with(|spare| spare.take().is_none()));
+    }
+
+    #[test]
     fn leases_round_up_to_whole_milliseconds() {
         assert_eq!(millis_ceil(Duration::from_micros(1)), 1);
         assert_eq!(millis_ceil(Duration::from_micros(1500)), 2);
