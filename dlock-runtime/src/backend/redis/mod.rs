@@ -369,8 +369,8 @@ impl Backend for RedisBackend {
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         let mode = Mode::of(owner);
         if mode.is_shared() {
-            // Boxed, as every path but the common one: the future a first attempt makes stays
-            // small (it is boxed and copied once, see `Backend::try_acquire`).
+            // Boxed, as every path but the common one: the future of a first attempt stays
+            // small (the runtime boxes it, a copy of all of it, see `DynBackend`).
             return Box::pin(self.acquire_shared(key, owner, lease, mode, false)).await;
         }
         if !self.fencing {
