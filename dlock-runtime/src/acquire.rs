@@ -39,13 +39,24 @@ pub(crate) fn new_owner(core: &Core, terms: &Terms) -> String {
 /// Appends `n` as 16 lowercase hex digits (what `{:016x}` writes, without the formatting
 /// machinery: this runs on every acquisition).
 fn push_hex(out: &mut String, n: u64) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut digits = [0u8; 16];
-    for (i, digit) in digits.iter_mut().enumerate() {
-        *digit = DIGITS[((n >> (60 - 4 * i)) & 0xf) as usize];
-    }
+    digits[..8].copy_from_slice(&hex_word((n >> 32) as u32));
+    digits[8..].copy_from_slice(&hex_word(n as u32));
     // Every byte is an ASCII hex digit: always valid UTF-8.
     out.push_str(std::str::from_utf8(&digits).unwrap_or_default());
+}
+
+/// The 8 lowercase hex digits of `word`, most significant first, computed on all of them at
+/// once (a byte a nibble, then `'0'` or `'a' - 10` added a byte) rather than a digit at a time.
+fn hex_word(word: u32) -> [u8; 8] {
+    let x = u64::from(word);
+    // Spread the nibbles, one a byte, most significant in the highest byte.
+    let x = ((x & 0xffff_0000) << 16) | (x & 0xffff);
+    let x = ((x & 0x0000_ff00_0000_ff00) << 8) | (x & 0x0000_00ff_0000_00ff);
+    let x = ((x & 0x00f0_00f0_00f0_00f0) << 4) | (x & 0x000f_000f_000f_000f);
+    // 1 in each byte whose nibble is 10 or more (adding 6 carries it into bit 4).
+    let letters = ((x + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    (x + 0x3030_3030_3030_3030 + letters * 0x27).to_be_bytes()
 }
 
 /// One owner-checked attempt; if the answer never arrives (error, timeout, or the future is
@@ -373,7 +384,12 @@ mod tests {
             u64::MAX - 1,
             u64::MAX,
             0x0123_4567_89ab_cdef,
-        ] {
+            0xfedc_ba98_7654_3210,
+            0x9a9a_0909_afaf_f0f0,
+        ]
+        .into_iter()
+        .chain((0..1000).map(|_| rand::random::<u64>()))
+        {
             let mut out = String::from("x");
             push_hex(&mut out, n);
             assert_eq!(out, format!("x{n:016x}"));

@@ -110,21 +110,22 @@ pub(crate) fn pass(held: &Held) -> bool {
     if next >= held.fences_end {
         return false;
     }
-    let baton = Baton {
-        core: held.core.clone(),
-        owner: held.owner.clone(),
-        fence: next,
-        fences_end: held.fences_end,
-        watchdog_id: held.watchdog_id,
-        lease: held.terms.lease,
-    };
     // Under the hub's lock: the last waiter cannot leave between finding the queue and
     // parking the hold in it (see `strand`).
-    // The clock is read only where a queue of this key exists (a waiter may take the hold).
+    // The clock is read, and the baton made, only where a queue of this key exists (a waiter
+    // may take the hold): an uncontended release copies nothing.
     held.core
         .hub
         .with_queue(&held.key, |queue| {
-            !held.lost.valid_for().is_zero() && queue.offer(baton)
+            !held.lost.valid_for().is_zero()
+                && queue.offer(Baton {
+                    core: held.core.clone(),
+                    owner: held.owner.clone(),
+                    fence: next,
+                    fences_end: held.fences_end,
+                    watchdog_id: held.watchdog_id,
+                    lease: held.terms.lease,
+                })
         })
         .unwrap_or(false)
 }

@@ -361,10 +361,10 @@ impl LockBuilder {
             waited_ms = tracing::field::Empty,
         );
         let started = Instant::now();
-        let outcome = self
-            .acquire_from(&core, frame, scope, started)
-            .instrument(span.clone())
-            .await;
+        // Pinned where it is made: wrapped by reference, the future (large) is not copied into
+        // the span's wrapper.
+        let acquiring = std::pin::pin!(self.acquire_from(&core, frame, scope, started));
+        let outcome = acquiring.instrument(span.clone()).await;
         let observer = &core.observer;
         match &outcome {
             Ok(guard) if guard.is_first() => {

@@ -25,8 +25,9 @@ pub(crate) use crate::lost::LostSignal;
 
 #[derive(Debug)]
 struct Entry {
-    key: String,
-    owner: String,
+    /// The owner token then the key, in one allocation (see [`Entry::key`], [`Entry::owner`]).
+    owner_key: String,
+    owner_len: usize,
     lease: Duration,
     /// Part of the lease not counted on (engine clock drift).
     drift: Duration,
@@ -38,6 +39,14 @@ struct Entry {
 }
 
 impl Entry {
+    fn key(&self) -> &str {
+        self.owner_key.get(self.owner_len..).unwrap_or_default()
+    }
+
+    fn owner(&self) -> &str {
+        self.owner_key.get(..self.owner_len).unwrap_or_default()
+    }
+
     /// The part of the lease counted on (renewals come every third of it).
     fn effective(&self) -> Duration {
         self.lease.saturating_sub(self.drift)
@@ -142,9 +151,12 @@ impl Watchdog {
         let lost = Arc::new(LostSignal::default());
         let valid_until = sent_at + lease.saturating_sub(drift);
         lost.set_valid_until(valid_until);
+        let mut owner_key = String::with_capacity(owner.len() + key.len());
+        owner_key.push_str(owner);
+        owner_key.push_str(key);
         let entry = Entry {
-            key: key.to_owned(),
-            owner: owner.to_owned(),
+            owner_key,
+            owner_len: owner.len(),
             lease,
             drift,
             renew,
@@ -208,13 +220,13 @@ impl Watchdog {
             if now >= e.valid_until {
                 if e.renew {
                     self.observer
-                        .lost(&e.key, "no confirmed renewal before it ran out");
+                        .lost(e.key(), "no confirmed renewal before it ran out");
                 } else {
                     self.observer
-                        .lost(&e.key, "the hard-capped lease ran out while held");
+                        .lost(e.key(), "the hard-capped lease ran out while held");
                     capped.push(Renewal {
-                        key: e.key.clone(),
-                        owner: e.owner.clone(),
+                        key: e.key().to_owned(),
+                        owner: e.owner().to_owned(),
                         lease: e.lease,
                     });
                 }
@@ -226,8 +238,8 @@ impl Watchdog {
                 batch.push((
                     id,
                     Renewal {
-                        key: e.key.clone(),
-                        owner: e.owner.clone(),
+                        key: e.key().to_owned(),
+                        owner: e.owner().to_owned(),
                         lease: e.lease,
                     },
                 ));
@@ -270,14 +282,14 @@ impl Watchdog {
             entry.in_flight = false;
             match outcome.as_ref().map(|r| r.get(i).copied().flatten()) {
                 Ok(Some(true)) => {
-                    self.observer.renewed(&entry.key);
+                    self.observer.renewed(entry.key());
                     entry.valid_until = sent_at + entry.effective();
                     entry.due = sent_at + entry.effective() / 3;
                     entry.lost.set_valid_until(entry.valid_until);
                 }
                 Ok(Some(false)) => {
                     self.observer
-                        .lost(&entry.key, "the engine says the lock is no longer ours");
+                        .lost(entry.key(), "the engine says the lock is no longer ours");
                     entry.lost.fire();
                     state.entries.remove(id);
                 }
@@ -289,13 +301,15 @@ impl Watchdog {
                     let valid_for = entry.valid_until.saturating_duration_since(now);
                     match &outcome {
                         Err(err) => {
-                            tracing::warn!(key = %entry.key, error = %err, ?retry_in, ?valid_for, "renewal failed; retrying");
-                            self.observer.renewal_failed(&entry.key, || err.to_string());
+                            tracing::warn!(key = %entry.key(), error = %err, ?retry_in, ?valid_for, "renewal failed; retrying");
+                            self.observer
+                                .renewal_failed(entry.key(), || err.to_string());
                         }
                         Ok(_) => {
-                            tracing::warn!(key = %entry.key, ?retry_in, ?valid_for, "renewal failed: too few nodes answered; retrying");
-                            self.observer
-                                .renewal_failed(&entry.key, || "too few nodes answered".to_owned());
+                            tracing::warn!(key = %entry.key(), ?retry_in, ?valid_for, "renewal failed: too few nodes answered; retrying");
+                            self.observer.renewal_failed(entry.key(), || {
+                                "too few nodes answered".to_owned()
+                            });
                         }
                     }
                     entry.due = now + retry_in;

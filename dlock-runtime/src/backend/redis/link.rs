@@ -1,11 +1,13 @@
 //! The connection a backend holds, and how a call's outcome becomes a `LockError`.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Value};
+use redis::{FromRedisValue, RedisError, RedisResult, Value};
 
 use super::RedisBackend;
 use super::acl;
@@ -50,6 +52,33 @@ impl ConnectionLike for Conn {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+impl Conn {
+    /// Sends `cmd` and converts its answer, as `Cmd::query_async` does, but without boxing the
+    /// request's future on a single server (its `ConnectionLike` impl allocates one a call).
+    pub(super) async fn query<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
+        let value = match self {
+            Self::Single(c) => c.send_packed_command(cmd).await?,
+            Self::Cluster(c) => c.req_packed_command(cmd).await?,
+        };
+        Ok(redis::from_redis_value(value.extract_error()?)?)
+    }
+
+    /// Sends the `count` commands of `pipe` and answers their replies, unconverted (likewise
+    /// without a boxed future on a single server). A server error in any reply, even one of a
+    /// command the pipeline ignores, is the error.
+    pub(super) async fn replies(
+        &mut self,
+        pipe: &redis::Pipeline,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let replies = match self {
+            Self::Single(c) => c.send_packed_commands(pipe, 0, count).await?,
+            Self::Cluster(c) => c.req_packed_commands(pipe, 0, count).await?,
+        };
+        replies.into_iter().map(Value::extract_error).collect()
     }
 }
 
@@ -178,8 +207,43 @@ impl RedisBackend {
         what: &str,
         fut: impl std::future::Future<Output = Result<T, RedisError>>,
     ) -> Result<T, LockError> {
-        let answer = tokio::time::timeout(self.timeout, fut).await;
+        let answer = self.bounded(std::pin::pin!(fut)).await;
         self.settle(key, what, answer)
+    }
+
+    /// Awaits `request` for at most the response bound; `None` when it ran out. The request is
+    /// pinned where the caller made it: a request future is large (over a kilobyte on one
+    /// server), and each move into a wrapper such as `tokio::time::timeout` copies all of it.
+    pub(super) async fn bounded<F: std::future::Future>(
+        &self,
+        request: Pin<&mut F>,
+    ) -> Option<F::Output> {
+        self.bounded_by(request, std::pin::pin!(tokio::time::sleep(self.timeout)))
+            .await
+    }
+
+    /// The response bound of a request sent at `sent_at` (a clock reading the caller has
+    /// anyway: the bound reads no clock of its own).
+    pub(super) fn bound_from(&self, sent_at: tokio::time::Instant) -> tokio::time::Sleep {
+        match sent_at.checked_add(self.timeout) {
+            Some(deadline) => tokio::time::sleep_until(deadline),
+            None => tokio::time::sleep(self.timeout),
+        }
+    }
+
+    /// [`bounded`](RedisBackend::bounded) by `bound` (see [`bound_from`](RedisBackend::bound_from)).
+    pub(super) async fn bounded_by<F: std::future::Future>(
+        &self,
+        mut request: Pin<&mut F>,
+        mut bound: Pin<&mut tokio::time::Sleep>,
+    ) -> Option<F::Output> {
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(answer) = request.as_mut().poll(cx) {
+                return Poll::Ready(Some(answer));
+            }
+            bound.as_mut().poll(cx).map(|()| None)
+        })
+        .await
     }
 
     /// Maps one bounded call's outcome: errors become `Backend` naming the key, and a timeout
@@ -188,7 +252,7 @@ impl RedisBackend {
         &self,
         key: Option<&str>,
         what: &str,
-        answer: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
+        answer: Option<Result<T, RedisError>>,
     ) -> Result<T, LockError> {
         self.settle_script(key, what, answer, None)
     }
@@ -200,12 +264,12 @@ impl RedisBackend {
         &self,
         key: Option<&str>,
         what: &str,
-        answer: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
+        answer: Option<Result<T, RedisError>>,
         script: Option<&Lua>,
     ) -> Result<T, LockError> {
         match answer {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => {
                 if e.is_timeout() {
                     self.link.note_timeout();
                 }
@@ -215,7 +279,7 @@ impl RedisBackend {
                     None => Err(redis_error(key, what, e)),
                 }
             }
-            Err(_) => {
+            None => {
                 self.link.note_timeout();
                 let elapsed = timed_out(format!("no reply within {:?}", self.timeout));
                 Err(LockError::backend(key, what, Some(elapsed)))

@@ -78,7 +78,7 @@ pub(crate) struct RedisBackend {
     scripts: Scripts,
     /// Whether acquisitions draw fencing tokens (not on a Redlock node).
     fencing: bool,
-    /// Fence counter name -> when this backend last sent a `PEXPIRE` of it (that was answered).
+    /// Key -> when this backend last sent a `PEXPIRE` of its fence counter (that was answered).
     counters: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
 }
 
@@ -178,13 +178,15 @@ impl RedisBackend {
         owner: &str,
         lease: Duration,
     ) -> EngineResult<Attempt> {
-        let cmd = set_if_free(&self.names.lock(key), owner, lease);
+        let tag = self.names.tag(key);
+        let cmd = set_if_free(self.names.name(&tag, ""), owner, lease);
         let mut conn = self.link.handle();
-        let held: Option<String> = self
-            .call(Some(key), "acquire failed", cmd.query_async(&mut conn))
-            .await?;
+        let answer = self.bounded(std::pin::pin!(conn.query(&cmd))).await;
+        let held: Option<String> = self.settle(Some(key), "acquire failed", answer)?;
         match held.as_deref() {
-            Some(held) if !is_owner(held, owner) => self.found_taken(key, owner, lease, held).await,
+            Some(held) if !is_owner(held, owner) => {
+                Box::pin(self.found_taken(key, owner, lease, held)).await
+            }
             _ => Ok(Attempt::Acquired { fence: None }),
         }
     }
@@ -205,28 +207,23 @@ impl RedisBackend {
         Ok(Attempt::Busy { ttl: None })
     }
 
-    /// Whether an acquisition with `lease`, sent now, needs to push the expiry of `counter`:
+    /// Whether an acquisition with `lease`, sent now, needs to push the expiry of `key`'s counter:
     /// not when this backend pushed it recently enough (see [`COUNTER_PUSH_SPARED`]). Every
     /// push sets at least `FENCE_TTL` from its own time, so a later one by anybody never
     /// shortens what an earlier one promised.
-    fn counter_push_needed(
-        &self,
-        counter: &str,
-        lease: Duration,
-        now: tokio::time::Instant,
-    ) -> bool {
+    fn counter_push_needed(&self, key: &str, lease: Duration, now: tokio::time::Instant) -> bool {
         self.counters()
-            .get(counter)
+            .get(key)
             .is_none_or(|&pushed| now + lease >= pushed + COUNTER_PUSH_SPARED)
     }
 
-    /// Remembers that a `PEXPIRE` of `counter` sent at `sent_at` was answered.
-    fn counter_pushed(&self, counter: &str, sent_at: tokio::time::Instant) {
+    /// Remembers that a `PEXPIRE` of `key`'s counter sent at `sent_at` was answered.
+    fn counter_pushed(&self, key: &str, sent_at: tokio::time::Instant) {
         let mut counters = self.counters();
-        if counters.len() >= COUNTERS_REMEMBERED && !counters.contains_key(counter) {
+        if counters.len() >= COUNTERS_REMEMBERED && !counters.contains_key(key) {
             counters.clear();
         }
-        counters.insert(counter.to_owned(), sent_at);
+        counters.insert(key.to_owned(), sent_at);
     }
 }
 
@@ -241,8 +238,9 @@ impl RedisBackend {
             .run_script(&self.scripts.renew, key, "renewal failed", |cmd| {
                 cmd.arg(2 * batch.len());
                 for item in batch {
-                    cmd.arg(self.names.lock(&item.key))
-                        .arg(self.names.fence(&item.key));
+                    let tag = self.names.tag(&item.key);
+                    cmd.arg(self.names.name(&tag, ""))
+                        .arg(self.names.name(&tag, names::FENCE));
                 }
                 cmd.arg(millis_ceil(FENCE_TTL));
                 for item in batch {
@@ -270,10 +268,11 @@ impl RedisBackend {
     /// The keys and first arguments of the scripts that reserve a block of fences
     /// (`acquire.lua`, `extend.lua`): lock and counter, owner, lease, counter TTL, floor, block.
     fn block_args(&self, cmd: &mut redis::Cmd, key: &str, owner: &str, lease: Duration) {
+        let tag = self.names.tag(key);
         cmd.arg(3)
-            .arg(self.names.lock(key))
-            .arg(self.names.fence(key))
-            .arg(self.names.turns(key))
+            .arg(self.names.name(&tag, ""))
+            .arg(self.names.name(&tag, names::FENCE))
+            .arg(self.names.name(&tag, names::TURNS))
             .arg(owner)
             .arg(millis_ceil(lease))
             .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
@@ -324,7 +323,7 @@ pub(crate) fn place_now() -> u64 {
 
 /// `SET lock owner NX PX lease GET`: writes the lock if it is free, and answers the value it
 /// held before either way.
-fn set_if_free(lock: &str, owner: &str, lease: Duration) -> redis::Cmd {
+fn set_if_free(lock: names::Name<'_>, owner: &str, lease: Duration) -> redis::Cmd {
     let mut cmd = redis::Cmd::with_capacity(7, lock.len() + owner.len() + 32);
     cmd.arg("SET")
         .arg(lock)
@@ -334,6 +333,22 @@ fn set_if_free(lock: &str, owner: &str, lease: Duration) -> redis::Cmd {
         .arg(millis_ceil(lease))
         .arg("GET");
     cmd
+}
+
+/// The replies of the first attempt's `SET … GET` and `INCRBY`: the lock's previous value and
+/// the counter's new one (a `PEXPIRE` after them is ignored).
+fn held_and_fence(replies: Vec<redis::Value>) -> redis::RedisResult<(Option<String>, i64)> {
+    let mut replies = replies.into_iter();
+    match (replies.next(), replies.next()) {
+        (Some(held), Some(fence)) => Ok((
+            redis::from_redis_value(held)?,
+            redis::from_redis_value(fence)?,
+        )),
+        _ => Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "fewer replies than commands in the acquire pipeline",
+        ))),
+    }
 }
 
 /// Whether the lock's value `held` is `owner`'s (a `+` appended when a waiter flagged it): a
@@ -354,42 +369,57 @@ impl Backend for RedisBackend {
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         let mode = Mode::of(owner);
         if mode.is_shared() {
-            return self.acquire_shared(key, owner, lease, mode, false).await;
+            // Boxed, as every path but the common one: the future of a first attempt stays
+            // small (the runtime boxes it, a copy of all of it, see `DynBackend`).
+            return Box::pin(self.acquire_shared(key, owner, lease, mode, false)).await;
         }
         if !self.fencing {
             return self.try_acquire_unfenced(key, owner, lease).await;
         }
-        let (lock, counter) = self.names.lock_and(key, names::FENCE);
+        let tag = self.names.tag(key);
+        let (lock, counter) = (
+            self.names.name(&tag, ""),
+            self.names.name(&tag, names::FENCE),
+        );
         let sent_at = tokio::time::Instant::now();
-        let push = self.counter_push_needed(&counter, lease, sent_at);
+        let push = self.counter_push_needed(key, lease, sent_at);
         let mut pipe = redis::Pipeline::with_capacity(3);
-        pipe.add_command(set_if_free(&lock, owner, lease))
-            .cmd("INCRBY")
-            .arg(&*counter)
-            .arg(FENCE_BLOCK);
+        // Sized for its arguments, as `set_if_free`: no reallocation while they are written.
+        let mut draw = redis::Cmd::with_capacity(3, counter.len() + 16);
+        draw.arg("INCRBY").arg(counter).arg(FENCE_BLOCK);
+        pipe.add_command(set_if_free(lock, owner, lease))
+            .add_command(draw);
         if push {
             pipe.cmd("PEXPIRE")
-                .arg(&*counter)
+                .arg(counter)
                 .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
                 .ignore();
         }
         let mut conn = self.link.handle();
-        let (held, fence): (Option<String>, i64) = self
-            .call(Some(key), "acquire failed", pipe.query_async(&mut conn))
-            .await?;
+        let sent = std::pin::pin!(conn.replies(&pipe, if push { 3 } else { 2 }));
+        let replies = self
+            .bounded_by(sent, std::pin::pin!(self.bound_from(sent_at)))
+            .await;
+        let (held, fence) = self.settle(
+            Some(key),
+            "acquire failed",
+            replies.map(|replies| held_and_fence(replies?)),
+        )?;
         if push {
-            self.counter_pushed(&counter, sent_at);
+            self.counter_pushed(key, sent_at);
         }
         if let Some(held) = held.as_deref().filter(|held| !is_owner(held, owner)) {
-            return self.found_taken(key, owner, lease, held).await;
+            return Box::pin(self.found_taken(key, owner, lease, held)).await;
         }
         let last = if fence < FENCE_FLOOR_MIN {
-            self.run_script(&self.scripts.floor, Some(key), "acquire failed", |cmd| {
-                cmd.arg(1)
-                    .arg(&*counter)
-                    .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
-                    .arg(FENCE_BLOCK);
-            })
+            Box::pin(
+                self.run_script(&self.scripts.floor, Some(key), "acquire failed", |cmd| {
+                    cmd.arg(1)
+                        .arg(counter)
+                        .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
+                        .arg(FENCE_BLOCK);
+                }),
+            )
             .await?
         } else {
             fence
@@ -445,14 +475,14 @@ impl Backend for RedisBackend {
     async fn release(&self, key: &str, owner: &str) -> Result<Released, LockError> {
         let mode = Mode::of(owner);
         if mode.is_shared() {
-            return self.release_shared(key, owner, mode).await;
+            return Box::pin(self.release_shared(key, owner, mode)).await;
         }
-        let (lock, turns) = self.names.lock_and(key, names::TURNS);
+        let tag = self.names.tag(key);
         let reply: i64 = self
             .run_script(&self.scripts.release, Some(key), "release failed", |cmd| {
                 cmd.arg(2)
-                    .arg(&lock)
-                    .arg(&turns)
+                    .arg(self.names.name(&tag, ""))
+                    .arg(self.names.name(&tag, names::TURNS))
                     .arg(owner)
                     .arg(self.link.publish_command())
                     .arg(millis_ceil(RESERVATION));

@@ -57,14 +57,27 @@ impl Names {
         self.tagged(key)
     }
 
-    /// The lock's name and the name `suffix` makes of it (`:fence`, `:turns`), escaping the
-    /// key once.
-    pub(crate) fn lock_and(&self, key: &str, suffix: &str) -> (String, String) {
-        let lock = self.tagged(key);
-        let mut other = String::with_capacity(lock.len() + suffix.len());
-        other.push_str(&lock);
-        other.push_str(suffix);
-        (lock, other)
+    /// `key` as the hash tag of its names writes it (`%` and `}` escaped): borrowed when it
+    /// has neither, the common case. Made once a request for all the names it sends, see
+    /// [`Names::name`].
+    pub(crate) fn tag<'a>(&self, key: &'a str) -> Cow<'a, str> {
+        if !key.bytes().any(|b| b == b'%' || b == b'}') {
+            // The common case, checked first with the two bytes spelled out (a scan for a
+            // list of characters costs several times more on every request).
+            return Cow::Borrowed(key);
+        }
+        escape(key, &['%', '}'])
+    }
+
+    /// The name `<prefix>{<tag>}<suffix>` (`suffix` empty for the lock itself, else
+    /// [`FENCE`], [`TURNS`], …) as a command argument written in place: no `String` a name.
+    /// `tag` comes from [`Names::tag`].
+    pub(crate) fn name<'a>(&'a self, tag: &'a str, suffix: &'static str) -> Name<'a> {
+        Name {
+            prefix: &self.prefix,
+            tag,
+            suffix,
+        }
     }
 
     pub(crate) fn fence(&self, key: &str) -> String {
@@ -151,6 +164,54 @@ impl Names {
     }
 }
 
+/// A name of one key (see [`Names::name`]), written straight into a command's argument.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Name<'a> {
+    prefix: &'a str,
+    tag: &'a str,
+    suffix: &'static str,
+}
+
+impl Name<'_> {
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.prefix.len() + self.tag.len() + 2 + self.suffix.len()
+    }
+}
+
+impl std::fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{{{}}}{}", self.prefix, self.tag, self.suffix)
+    }
+}
+
+impl redis::ToRedisArgs for Name<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        let parts = [self.prefix, "{", self.tag, "}", self.suffix];
+        // Put together on the stack and written as one argument, as a `String` name would be
+        // (a write a part costs more than the copy).
+        let mut name = [0u8; 192];
+        if let Some(name) = name.get_mut(..self.len()) {
+            let mut at = 0;
+            for part in parts {
+                name[at..at + part.len()].copy_from_slice(part.as_bytes());
+                at += part.len();
+            }
+            out.write_arg(name);
+        } else {
+            use std::io::Write;
+            let mut arg = out.writer_for_next_arg();
+            for part in parts {
+                // Arguments are written into the command's memory buffer: this cannot fail.
+                let _ = arg.write_all(part.as_bytes());
+            }
+        }
+    }
+}
+
 /// `text` with each of `special` (and only those) written `%XX`; borrowed when there is none
 /// (the common case: no allocation on the hot path).
 fn escape<'a>(text: &'a str, special: &[char]) -> Cow<'a, str> {
@@ -234,6 +295,31 @@ mod tests {
             assert_eq!(n.key_of_channel(&n.channel(key)).as_deref(), Some(key));
         }
         assert_eq!(n.key_of_channel("other:{x}:released"), None);
+    }
+
+    #[test]
+    fn names_written_in_place_are_the_names() {
+        for prefix in ["dlock:", "a{%}b:"] {
+            let n = Names::new(prefix);
+            let long = "k".repeat(300);
+            for key in ["stock:42", "a}b{c", "", "100%", "ключ", &long] {
+                let tag = n.tag(key);
+                for (name, string) in [
+                    (n.name(&tag, ""), n.lock(key)),
+                    (n.name(&tag, FENCE), n.fence(key)),
+                    (n.name(&tag, TURNS), n.turns(key)),
+                ] {
+                    assert_eq!(name.to_string(), string);
+                    assert_eq!(name.len(), string.len());
+                    assert_eq!(
+                        redis::cmd("GET").arg(name).get_packed_command(),
+                        redis::cmd("GET").arg(&string).get_packed_command(),
+                    );
+                    let args = redis::ToRedisArgs::to_redis_args(&name);
+                    assert_eq!(args, vec![string.into_bytes()]);
+                }
+            }
+        }
     }
 
     #[test]

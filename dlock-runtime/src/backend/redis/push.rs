@@ -87,8 +87,9 @@ impl RedisBackend {
         {
             link.channels().remove(&channel);
         }
-        let answer =
-            tokio::time::timeout(self.timeout, self.subscribe_call(&channel, subscribed)).await;
+        let answer = tokio::time::timeout(self.timeout, self.subscribe_call(&channel, subscribed))
+            .await
+            .ok();
         self.settle(Some(key), what, answer)?;
         if let Link::Cluster(link) = &self.link
             && subscribed

@@ -3,6 +3,7 @@
 //! `SCRIPT FLUSH`, a restart, a failover) `EVAL` on that same node, which also caches it there.
 //! (A `SCRIPT LOAD` would go to every node of a cluster and wait for all.)
 
+use std::cell::Cell;
 use std::time::Duration;
 
 use redis::Script;
@@ -126,23 +127,53 @@ impl RedisBackend {
         fill: impl Fn(&mut redis::Cmd),
     ) -> Result<T, LockError> {
         let mut conn = self.link.handle();
-        // Sized for the scripts' arguments: no reallocation while they are written.
-        let mut cmd = redis::Cmd::with_capacity(16, 256);
+        let mut cmd = spare_command();
         cmd.arg("EVALSHA").arg(&lua.sha);
         fill(&mut cmd);
-        let answer = match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await
-        {
-            Ok(Err(err))
+        let answer = self.bounded(std::pin::pin!(conn.query::<T>(&cmd))).await;
+        let answer = match answer {
+            Some(Err(err))
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(lua.src);
                 fill(&mut cmd);
-                tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await
+                self.bounded(std::pin::pin!(conn.query(&cmd))).await
             }
             answer => answer,
         };
+        keep_command(cmd);
         self.settle_script(key, what, answer, Some(lua))
+    }
+}
+
+/// A kept command is at most this many arguments (the scripts' usual count; a large renewal
+/// batch's command is dropped, not kept).
+const SPARE_ARGS: usize = 16;
+
+thread_local! {
+    /// The command of the last script call on this thread that gave it back, for the next
+    /// call to write into (its two buffers reused: no allocation a call).
+    static SPARE: Cell<Option<redis::Cmd>> = const { Cell::new(None) };
+}
+
+/// An empty command: this thread's spare one, else a new one sized for the scripts'
+/// arguments (no reallocation while they are written).
+fn spare_command() -> redis::Cmd {
+    match SPARE.try_with(Cell::take) {
+        Ok(Some(mut cmd)) => {
+            cmd.clear();
+            cmd
+        }
+        _ => redis::Cmd::with_capacity(SPARE_ARGS, 256),
+    }
+}
+
+/// Gives `cmd` back for the next [`spare_command`] of this thread, if it is not a large one.
+fn keep_command(cmd: redis::Cmd) {
+    if cmd.args_iter().len() <= SPARE_ARGS {
+        // After the thread's storage is gone the command is just dropped.
+        let _ = SPARE.try_with(|spare| spare.set(Some(cmd)));
     }
 }
 
@@ -177,6 +208,26 @@ mod tests {
                 ttl: Some(Duration::from_millis(29_500))
             }
         );
+    }
+
+    #[test]
+    fn a_spare_command_comes_back_empty_and_a_large_one_is_not_kept() {
+        let mut cmd = spare_command();
+        cmd.arg("EVALSHA").arg("abc").arg(1).arg("dlock:{k}");
+        keep_command(cmd);
+        let cmd = spare_command();
+        assert_eq!(cmd.args_iter().len(), 0);
+        assert_eq!(
+            cmd.get_packed_command(),
+            redis::Cmd::new().get_packed_command()
+        );
+
+        let mut large = spare_command();
+        for i in 0..=SPARE_ARGS {
+            large.arg(i);
+        }
+        keep_command(large);
+        assert!(SPARE.with(|spare| spare.take().is_none()));
     }
 
     #[test]
