@@ -218,6 +218,10 @@ impl RedisBackend {
         &self,
         request: Pin<&mut F>,
     ) -> Option<F::Output> {
+        if !self.bounds_requests {
+            // A Redlock node: the fan-out bounds the node's call.
+            return Some(request.await);
+        }
         self.bounded_by(request, std::pin::pin!(tokio::time::sleep(self.timeout)))
             .await
     }

@@ -75,6 +75,11 @@ pub(crate) struct RedisBackend {
     names: Names,
     origin: String,
     timeout: Duration,
+    /// Whether each request is bounded by `timeout` here. Not on a Redlock node: the fan-out
+    /// bounds each node's call as a whole by the same timeout (`redlock::each_node`,
+    /// `on_all`, the background releases), and a second timer a request would be work for
+    /// nothing.
+    bounds_requests: bool,
     scripts: Scripts,
     /// Whether acquisitions draw fencing tokens (not on a Redlock node).
     fencing: bool,
@@ -95,12 +100,14 @@ impl RedisBackend {
     /// Like [`RedisBackend::connect`], but connects on first use: a node that is down now
     /// answers each call with an error (Redlock tolerates a minority of those). A Redlock node
     /// keeps no fence counter (independent counters cannot make one sequence): its first
-    /// attempt is the `SET` alone.
+    /// attempt is the `SET` alone. Its requests carry no bound of their own: the caller bounds
+    /// every call (Redlock's per-node timeout).
     pub(crate) fn connect_lazy(url: &str, ctx: &Context) -> Result<Self, LockError> {
         let names = Names::new(&ctx.prefix);
         let link = Link::single_lazy(url, &names, ctx)?;
         let mut node = Self::with_link(link, names, ctx);
         node.fencing = false;
+        node.bounds_requests = false;
         Ok(node)
     }
 
@@ -155,6 +162,7 @@ impl RedisBackend {
             names,
             origin: ctx.origin.clone(),
             timeout: ctx.timeout,
+            bounds_requests: true,
             scripts: Scripts::new(),
             fencing: true,
             counters: std::sync::Mutex::default(),
