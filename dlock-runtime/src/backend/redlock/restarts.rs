@@ -121,8 +121,7 @@ impl NodeIdentity {
             .unwrap_or(0);
         let mut known = self.known();
         if known.run_id.as_deref().is_some_and(|old| old != run_id) {
-            // The uptime is whole seconds, rounded down: the restart was no later than this.
-            let restarted_at = now.checked_sub(Duration::from_secs(uptime)).unwrap_or(now);
+            let restarted_at = latest_restart(now, uptime);
             tracing::warn!(
                 node = %self.url,
                 uptime_secs = uptime,
@@ -150,6 +149,15 @@ impl NodeIdentity {
         let at = self.known().restarted_at? + rejoin_after;
         (at > now).then(|| at - now)
     }
+}
+
+/// The latest moment a server read at `now` with `uptime_in_seconds` = `uptime` can have
+/// started. Redis counts that uptime as the difference of two whole Unix seconds (now, and its
+/// start), so it runs up to a second ahead of the real one: a server started at x.9 s reads 1
+/// at (x + 1).05 s, after 0.15 s. One second less is a bound the real uptime always exceeds.
+fn latest_restart(now: Instant, uptime: u64) -> Instant {
+    now.checked_sub(Duration::from_secs(uptime.saturating_sub(1)))
+        .unwrap_or(now)
 }
 
 /// An error answer from the server itself (e.g. `NOPERM` under an ACL), not a connection
@@ -204,6 +212,17 @@ mod tests {
         assert_eq!(info_field(info, "run_id"), Some("abc123"));
         assert_eq!(info_field(info, "uptime_in_seconds"), Some("42"));
         assert_eq!(info_field(info, "run"), None);
+    }
+
+    /// An uptime of whole seconds may run a second ahead of the real one: the restart is
+    /// taken as one second later than it says, never earlier than the truth.
+    #[test]
+    fn a_restart_is_dated_no_earlier_than_it_can_have_been() {
+        let now = Instant::now();
+        // Read 0.15 s after a start at x.9 s: uptime 1.
+        assert_eq!(latest_restart(now, 1), now);
+        assert_eq!(latest_restart(now, 0), now);
+        assert_eq!(latest_restart(now, 5), now - Duration::from_secs(4));
     }
 
     #[test]
