@@ -43,7 +43,7 @@ impl Names {
 
     /// `<prefix>{<key>}`, the part every name of the key starts with.
     fn tagged(&self, key: &str) -> String {
-        let key = escape(key, &['%', '}']);
+        let key = self.tag(key);
         // Room for the longest suffix a name adds (`:permits:n`): one allocation a name.
         let mut name = String::with_capacity(self.prefix.len() + key.len() + 12);
         name.push_str(&self.prefix);
