@@ -85,6 +85,9 @@ impl Scope {
 /// Frame ids start at 1: 0 stands for "no frame".
 static NEXT_FRAME: AtomicU64 = AtomicU64::new(1);
 
+/// Frame ids a thread takes from [`NEXT_FRAME`] at a time.
+const ID_BLOCK: u64 = 1024;
+
 /// One level of a call chain: the body of one annotated call or `with_lock`.
 pub(crate) struct Frame {
     /// Unique for the life of the process.
@@ -98,7 +101,19 @@ pub(crate) struct Frame {
 impl Frame {
     /// A fresh frame id, taken before the acquisition that opens the frame.
     pub(crate) fn next_id() -> u64 {
-        NEXT_FRAME.fetch_add(1, Ordering::Relaxed)
+        thread_local! {
+            /// The next id of this thread's block, and the end of the block.
+            static IDS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+        }
+        IDS.with(|ids| {
+            let (mut next, mut end) = ids.get();
+            if next == end {
+                next = NEXT_FRAME.fetch_add(ID_BLOCK, Ordering::Relaxed);
+                end = next + ID_BLOCK;
+            }
+            ids.set((next + 1, end));
+            next
+        })
     }
 
     /// A frame below `parent`, holding `held` if the call that opens it acquired fresh.
@@ -229,4 +244,33 @@ pub fn current_fence() -> Option<u64> {
         .ok()
         .flatten()
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads take ids in blocks of their own: no id is ever handed out twice, and none is 0.
+    #[test]
+    fn frame_ids_are_unique_across_threads() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    (0..3 * ID_BLOCK)
+                        .map(|_| Frame::next_id())
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        let mut ids: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("thread"))
+            .chain((0..10).map(|_| Frame::next_id()))
+            .collect();
+        let taken = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), taken, "an id was handed out twice");
+        assert!(!ids.contains(&0));
+    }
 }

@@ -307,7 +307,7 @@ impl LockGuard {
                 if crate::handoff::wants_extension(&self.held) {
                     return Exit::Extend;
                 }
-                self.held.core.watchdog.unregister(self.held.watchdog_id);
+                self.held.unwatch();
                 Exit::Release
             }
             Role::Reentrant { scope } => {
@@ -333,7 +333,7 @@ async fn extend_for_the_next(held: &Held) -> Option<Result<Released, LockError>>
     let core = &held.core;
     let lease = held.terms.lease;
     // Renewals stop until the engine answers; a new entry counts from this send.
-    core.watchdog.unregister(held.watchdog_id);
+    held.unwatch();
     let sent_at = Instant::now();
     match core
         .backend
@@ -345,7 +345,7 @@ async fn extend_for_the_next(held: &Held) -> Option<Result<Released, LockError>>
             let drift = core.backend.lease_margin(lease).unwrap_or(lease);
             let (id, _) =
                 core.watchdog
-                    .register(&held.key, &held.owner, lease, drift, true, sent_at);
+                    .register(&held.key, &held.owner, lease, drift, true, sent_at, None);
             if crate::handoff::pass_extended(held, last, id) {
                 held.mark_passed();
                 tracing::trace!(key = %held.key, "lock kept with a new block of fences for the next waiter");
@@ -367,7 +367,7 @@ impl Drop for LockGuard {
             let exit = self.leave();
             if exit == Exit::Extend {
                 // No waiting here: released in the background, the next holder attempts.
-                self.held.core.watchdog.unregister(self.held.watchdog_id);
+                self.held.unwatch();
             }
             if exit != Exit::Nothing {
                 release_in_background(

@@ -123,7 +123,7 @@ pub(crate) fn pass(held: &Held) -> bool {
                     owner: held.owner.clone(),
                     fence: next,
                     fences_end: held.fences_end,
-                    watchdog_id: held.watchdog_id,
+                    watchdog_id: held.watchdog_id(),
                     lease: held.terms.lease,
                 })
         })

@@ -1,5 +1,6 @@
 //! One acquisition in the engine, shared by the guards of its reentrant holds.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -18,7 +19,9 @@ pub(crate) struct Held {
     pub(crate) owner: String,
     pub(crate) fence: Option<u64>,
     pub(crate) lost: Arc<LostSignal>,
-    pub(crate) watchdog_id: u64,
+    /// Its watchdog entry: an id, [`UNTRACKED`] (a scoped hold whose body has not waited yet,
+    /// see [`Held::watch`]) or [`UNTRACKED_ENDED`].
+    watchdog_id: AtomicU64,
     /// What it was acquired with (a hand-off goes only to a waiter asking the same).
     pub(crate) terms: Terms,
     /// One past the last fencing token reserved for this acquisition (see
@@ -37,6 +40,11 @@ pub(crate) struct Held {
     /// Handed to another holder of this runtime when it ended (nothing to release).
     passed: std::sync::atomic::AtomicBool,
 }
+
+/// [`Held::watchdog_id`] of a hold the watchdog does not track yet.
+const UNTRACKED: u64 = 0;
+/// [`Held::watchdog_id`] of a hold that ended before the watchdog tracked it.
+const UNTRACKED_ENDED: u64 = u64::MAX;
 
 /// The guards of one acquisition.
 struct Holds {
@@ -73,6 +81,9 @@ pub(crate) struct Terms {
     pub(crate) mode: crate::backend::mode::Mode,
     /// A fair lock (`fair(true)`): never handed to a local waiter out of turn.
     pub(crate) fair: bool,
+    /// Tracked by the watchdog only from [`Held::watch`] on: the hold of a scoped run, whose
+    /// body most often ends in its first poll, long before a renewal would be due.
+    pub(crate) track_on_wait: bool,
 }
 
 impl Held {
@@ -87,9 +98,12 @@ impl Held {
         let Terms { lease, renew, .. } = terms;
         // Checked when the lock was requested; counting on nothing is the safe answer otherwise.
         let drift = core.backend.lease_margin(lease).unwrap_or(lease);
-        let (watchdog_id, lost) = core
-            .watchdog
-            .register(&key, &owner, lease, drift, renew, sent_at);
+        let (watchdog_id, lost) = if terms.track_on_wait {
+            (UNTRACKED, crate::watchdog::signal(lease, drift, sent_at))
+        } else {
+            core.watchdog
+                .register(&key, &owner, lease, drift, renew, sent_at, None)
+        };
         tracing::debug!(key = %key, ?fence, ?lease, watchdog = renew, "lock acquired");
         let fences_end = fence.map_or(0, |f| f.saturating_add(core.backend.fence_block()));
         Self::with(
@@ -144,7 +158,7 @@ impl Held {
             owner,
             fence,
             lost,
-            watchdog_id,
+            watchdog_id: AtomicU64::new(watchdog_id),
             terms,
             fences_end,
             frame: terms.frame,
@@ -158,6 +172,53 @@ impl Held {
             turn: Notify::new(),
             passed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Has the watchdog track this hold, if it does not yet: renewals (with `renew`) and the
+    /// loss of the lease on the local clock. Every hold is tracked from its acquisition except
+    /// that of a scoped run ([`Terms::track_on_wait`]), tracked from the first time its body
+    /// waits: a body that ends in its first poll is never tracked. The validity of an
+    /// untracked hold is still checked before each step of the body (`UnlessLost`).
+    pub(crate) fn watch(&self) {
+        if self.watchdog_id.load(Ordering::Acquire) != UNTRACKED {
+            return;
+        }
+        let core = &self.core;
+        let lease = self.terms.lease;
+        // As in `Held::new`.
+        let drift = core.backend.lease_margin(lease).unwrap_or(lease);
+        // A fresh hold's `acquired_at` is when its request was sent.
+        let (id, _) = core.watchdog.register(
+            &self.key,
+            &self.owner,
+            lease,
+            drift,
+            self.terms.renew,
+            self.acquired_at,
+            Some(self.lost.clone()),
+        );
+        match self
+            .watchdog_id
+            .compare_exchange(UNTRACKED, id, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {}
+            // Ended meanwhile (or tracked by another caller): this entry is not needed.
+            Err(_) => core.watchdog.unregister(id),
+        }
+    }
+
+    /// Its watchdog entry, tracked from now on if it was not (a hand-over passes the entry).
+    pub(crate) fn watchdog_id(&self) -> u64 {
+        self.watch();
+        self.watchdog_id.load(Ordering::Acquire)
+    }
+
+    /// Stops tracking this hold (released, or its entry replaced).
+    pub(crate) fn unwatch(&self) {
+        match self.watchdog_id.swap(UNTRACKED_ENDED, Ordering::AcqRel) {
+            UNTRACKED | UNTRACKED_ENDED => {}
+            id => self.core.watchdog.unregister(id),
+        }
     }
 
     fn holds(&self) -> std::sync::MutexGuard<'_, Holds> {

@@ -58,6 +58,10 @@ pub struct LockBuilder {
     /// Made by `lock_all`: every key in canonical order (sorted, without duplicates); `key` is
     /// the first. `None` for a one-key lock.
     keys: Option<Vec<String>>,
+    /// A fresh hold is tracked by the watchdog only once [`Held::watch`] is called: set by
+    /// [`protected`] for a one-key body it runs under [`OnLost::Cancel`], which calls it the
+    /// first time the body waits.
+    track_on_wait: bool,
 }
 
 impl fmt::Debug for LockBuilder {
@@ -130,6 +134,7 @@ impl LockBuilder {
             mode: Mode::Exclusive,
             fair: false,
             keys: None,
+            track_on_wait: false,
         }
     }
 
@@ -419,6 +424,7 @@ impl LockBuilder {
             hold: self.hold_at_least,
             mode: self.mode,
             fair: self.fair,
+            track_on_wait: self.track_on_wait,
         };
         let held = acquire_fresh(core, self.key, terms, now, wait).await?;
         // A scoped acquisition's frame is made around the hold by the caller.
@@ -659,6 +665,11 @@ pub(crate) async fn protected<T>(
     let parent = current_frame();
     let scope = Frame::next_id();
     let multi = lock.multi().is_some();
+    let lock = LockBuilder {
+        // The body's first wait has the hold tracked (`Held::run_unless_lost`).
+        track_on_wait: !multi && on_lost == OnLost::Cancel,
+        ..lock
+    };
     let guard = lock.acquire_in(parent.as_ref(), Some(scope)).await?;
     if multi {
         // Boxed: the body is stored once in this future (a nested body inside it, again),
@@ -678,7 +689,8 @@ pub(crate) async fn protected<T>(
     let out = match on_lost {
         // A fresh hold's validity was checked on the clock when it was registered, in this
         // same poll: the body's first step needs no second reading.
-        OnLost::Cancel => match guard.held().lost.run_unless_lost(fut, first).await {
+        // The watchdog tracks the hold from the body's first wait (`Held::watch`).
+        OnLost::Cancel => match guard.held().run_unless_lost(fut, first).await {
             Some(out) => out,
             None => {
                 return Err(LockError::Lost {

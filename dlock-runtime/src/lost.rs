@@ -11,6 +11,8 @@ use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
+use crate::held::Held;
+
 /// The lease state of one held lock, shared by its guards and the watchdog: the lost signal
 /// and the confirmed validity.
 #[derive(Debug)]
@@ -115,6 +117,7 @@ impl LostSignal {
             signal: self,
             first: fresh,
             watching: None,
+            held: None,
         }
     }
 
@@ -131,6 +134,17 @@ impl LostSignal {
     }
 }
 
+impl Held {
+    /// [`LostSignal::run_unless_lost`] on this hold's lease, which the watchdog tracks from
+    /// the first time `fut` waits (see [`Held::watch`]).
+    pub(crate) fn run_unless_lost<F: Future>(&self, fut: F, fresh: bool) -> UnlessLost<'_, F> {
+        UnlessLost {
+            held: Some(self),
+            ..self.lost.run_unless_lost(fut, fresh)
+        }
+    }
+}
+
 pin_project_lite::pin_project! {
     /// The future of [`LostSignal::run_unless_lost`]: one layer around the body (it runs on
     /// every annotated call), dropping the body as soon as the loss is seen.
@@ -142,6 +156,8 @@ pin_project_lite::pin_project! {
         first: bool,
         // The lost notification, watched once the body has had to wait.
         watching: Option<Pin<Box<OwnedNotified>>>,
+        // The hold whose lease this is, tracked by the watchdog once the body has had to wait.
+        held: Option<&'a Held>,
     }
 }
 
@@ -162,7 +178,12 @@ impl<F: Future> Future for UnlessLost<'_, F> {
         if let Poll::Ready(out) = this.fut.poll(cx) {
             return Poll::Ready(Some(out));
         }
-        let lost = this.watching.get_or_insert_with(|| signal.watch());
+        let lost = this.watching.get_or_insert_with(|| {
+            if let Some(held) = this.held {
+                held.watch();
+            }
+            signal.watch()
+        });
         if lost.as_mut().poll(cx).is_ready() || signal.is_lost() {
             return Poll::Ready(None);
         }

@@ -71,6 +71,7 @@ pub(crate) async fn acquire(
             hold: lock.hold_at_least,
             mode: lock.mode,
             fair: false,
+            track_on_wait: false,
         };
         match Box::pin(at_once(core, &keys, terms, frame, scope, started)).await {
             Err(err) => {

@@ -287,7 +287,10 @@ impl Runtime {
         self.core.observer.subscribe()
     }
 
-    /// Number of locks this runtime holds now (tracked by its watchdog).
+    /// Number of locks this runtime holds now, as its watchdog tracks them. A lock taken by
+    /// [`with_lock`](crate::with_lock) or the attribute is tracked from the first time its
+    /// body waits: a body that ends in its first poll (no other task of its thread runs
+    /// meanwhile) is never counted.
     pub fn held_count(&self) -> usize {
         self.core.watchdog.len()
     }
@@ -296,6 +299,25 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A guard's hold counts from its acquisition; a `with_lock` hold from its body's first
+    /// wait (as documented); neither after it ends.
+    #[tokio::test]
+    async fn held_count_counts_guards_and_waiting_bodies() {
+        let rt = Runtime::from_url("memory://").await.expect("memory");
+        let guard = rt.lock("a").acquire().await.expect("acquire");
+        assert_eq!(rt.held_count(), 1);
+        let counted = crate::with_lock(rt.lock("b"), async {
+            tokio::task::yield_now().await;
+            rt.held_count()
+        })
+        .await
+        .expect("with_lock");
+        assert_eq!(counted, 2, "a body that waited is counted");
+        assert_eq!(rt.held_count(), 1);
+        guard.release().await.expect("release");
+        assert_eq!(rt.held_count(), 0);
+    }
 
     #[tokio::test]
     async fn urls_are_checked() {

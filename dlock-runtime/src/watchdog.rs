@@ -102,6 +102,14 @@ pub(crate) struct Watchdog {
     observer: Arc<Observer>,
 }
 
+/// The lease state of a lock acquired with `lease` by a request sent at `sent_at`, counting
+/// on all of the lease but `drift`.
+pub(crate) fn signal(lease: Duration, drift: Duration, sent_at: Instant) -> Arc<LostSignal> {
+    let lost = Arc::new(LostSignal::default());
+    lost.set_valid_until(sent_at + lease.saturating_sub(drift));
+    lost
+}
+
 /// How early a renewal may go out to join a batch: a twelfth of the lease, so at most about
 /// four renewal calls per lock per `lease/3` interval whatever the acquisition pattern.
 fn coalesce_window(lease: Duration) -> Duration {
@@ -138,7 +146,10 @@ impl Watchdog {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Tracks a freshly acquired lock whose acquire request was sent at `sent_at`.
+    /// Tracks a freshly acquired lock whose acquire request was sent at `sent_at`, with the
+    /// lease state `lost` if it has one already (made by [`signal`] with the same `lease`,
+    /// `drift` and `sent_at`), else a new one. Its id and lease state.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn register(
         &self,
         key: &str,
@@ -147,10 +158,10 @@ impl Watchdog {
         drift: Duration,
         renew: bool,
         sent_at: Instant,
+        lost: Option<Arc<LostSignal>>,
     ) -> (u64, Arc<LostSignal>) {
-        let lost = Arc::new(LostSignal::default());
+        let lost = lost.unwrap_or_else(|| signal(lease, drift, sent_at));
         let valid_until = sent_at + lease.saturating_sub(drift);
-        lost.set_valid_until(valid_until);
         let mut owner_key = String::with_capacity(owner.len() + key.len());
         owner_key.push_str(owner);
         owner_key.push_str(key);

@@ -18,7 +18,7 @@ async fn renews_every_third_of_the_lease_and_keeps_the_lock() {
     let lease = Duration::from_secs(3);
     let sent = Instant::now();
     backend.try_acquire("k", "a", lease).await.ok();
-    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, sent);
+    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, sent, None);
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert!(!lost.is_lost());
     let busy = backend.try_acquire("k", "b", lease).await.ok();
@@ -31,7 +31,7 @@ async fn hard_cap_fires_lost_at_the_lease() {
     let lease = Duration::from_secs(2);
     let sent = Instant::now();
     backend.try_acquire("k", "a", lease).await.ok();
-    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, false, sent);
+    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, false, sent, None);
     tokio::time::sleep(Duration::from_millis(1990)).await;
     assert!(!lost.is_lost());
     tokio::time::timeout(Duration::from_millis(20), lost.wait())
@@ -45,7 +45,7 @@ async fn deleted_lock_is_lost_within_a_renewal_interval() {
     let lease = Duration::from_secs(3);
     let sent = Instant::now();
     backend.try_acquire("k", "a", lease).await.ok();
-    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, sent);
+    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, sent, None);
     backend.force_unlock("k").await.ok();
     tokio::time::timeout(lease / 3 + Duration::from_millis(10), lost.wait())
         .await
@@ -123,7 +123,7 @@ async fn batches_locks_due_together() {
         let key = format!("k{i}");
         backend.try_acquire(&key, "a", lease).await.ok();
         lost.push(
-            wd.register(&key, "a", lease, Duration::ZERO, true, Instant::now())
+            wd.register(&key, "a", lease, Duration::ZERO, true, Instant::now(), None)
                 .1,
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -157,7 +157,7 @@ async fn unreachable_engine_is_lost_when_the_lease_runs_out_not_before() {
     tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
     let lease = Duration::from_secs(3);
     backend.try_acquire("k", "a", lease).await.ok();
-    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now());
+    let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now(), None);
     // First renewal (at 1 s) succeeds: the lease is confirmed until about 4 s.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     failing.fail.store(true, Ordering::SeqCst);
@@ -183,7 +183,7 @@ async fn unreachable_engine_is_lost_when_the_lease_runs_out_not_before() {
 async fn a_lock_due_after_the_planned_look_does_not_wake_the_scheduler() {
     let wd = Watchdog::new(Arc::new(Observer::new("memory")));
     let lease = Duration::from_secs(30);
-    let (first, _) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now());
+    let (first, _) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now(), None);
     let planned = wd.collect(Instant::now()).next.expect("a look planned");
     // The scheduler took the wake-up of the first registration.
     wd.wake.notified().await;
@@ -191,7 +191,7 @@ async fn a_lock_due_after_the_planned_look_does_not_wake_the_scheduler() {
     let empty = wd.collect(Instant::now());
     assert_eq!(empty.next, Some(planned), "the planned look is kept");
     tokio::time::advance(Duration::from_millis(10)).await;
-    let (second, _) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now());
+    let (second, _) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now(), None);
     let woken = tokio::time::timeout(Duration::from_millis(1), wd.wake.notified()).await;
     assert!(
         woken.is_err(),
@@ -199,12 +199,28 @@ async fn a_lock_due_after_the_planned_look_does_not_wake_the_scheduler() {
     );
     wd.unregister(second);
     let shorter = Duration::from_secs(3);
-    wd.register("k", "b", shorter, Duration::ZERO, true, Instant::now());
+    wd.register(
+        "k",
+        "b",
+        shorter,
+        Duration::ZERO,
+        true,
+        Instant::now(),
+        None,
+    );
     let woken = tokio::time::timeout(Duration::from_millis(1), wd.wake.notified()).await;
     assert!(woken.is_ok(), "a lock due sooner must wake the scheduler");
     // Once the planned look has passed with nothing tracked, the scheduler sleeps until woken.
     let idle = Watchdog::new(Arc::new(Observer::new("memory")));
-    let (id, _) = idle.register("k", "a", shorter, Duration::ZERO, true, Instant::now());
+    let (id, _) = idle.register(
+        "k",
+        "a",
+        shorter,
+        Duration::ZERO,
+        true,
+        Instant::now(),
+        None,
+    );
     idle.collect(Instant::now());
     idle.unregister(id);
     tokio::time::advance(2 * shorter).await;

@@ -90,6 +90,54 @@ pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
     assert_free(&other, key, "after the release").await;
 }
 
+/// The bodies of `with_lock` on one key and on a set, each held with the engine's shortest
+/// lease for several leases: throughout, another runtime finds every key busy, the call
+/// returns the body's output (not `Err(Lost)`), and the keys are free after it. (A scoped
+/// hold is tracked by the watchdog from its body's first wait.)
+pub(crate) async fn with_lock_bodies_keep_a_short_lease_alive(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let params = fixture.params();
+    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let body = |keys: &'static [&'static str]| {
+        let other = &other;
+        async move {
+            let started = Instant::now();
+            let mut checks = 0;
+            while started.elapsed() < params.hold_for {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                for key in keys {
+                    let when = format!(
+                        "{:?} into a {:?} lease",
+                        started.elapsed(),
+                        params.short_lease
+                    );
+                    assert_busy(other, key, &when).await;
+                }
+                checks += 1;
+            }
+            checks
+        }
+    };
+    let one: &'static [&'static str] = &["conformance:lease:scoped"];
+    let out = with_lock(rt.lock(one[0]).lease(params.short_lease), body(one)).await;
+    let checks = out.unwrap_or_else(|e| panic!("{engine:?}: with_lock on one key: {e:?}"));
+    assert!(checks >= 10, "{engine:?}: only {checks} checks");
+    assert_free(&other, one[0], "after with_lock on one key returned").await;
+
+    let set: &'static [&'static str] =
+        &["conformance:lease:scoped:a", "conformance:lease:scoped:b"];
+    let out = with_lock(
+        rt.lock_all(set.iter().copied()).lease(params.short_lease),
+        body(set),
+    )
+    .await;
+    let checks = out.unwrap_or_else(|e| panic!("{engine:?}: with_lock on a set: {e:?}"));
+    assert!(checks >= 10, "{engine:?}: only {checks} checks");
+    for key in set {
+        assert_free(&other, key, "after with_lock on a set returned").await;
+    }
+}
+
 /// Without the watchdog, the engine's shortest lease is a hard cap: `lost()` resolves about one
 /// lease after the acquisition, a waiter on another runtime gets the key then (with a greater
 /// fence), the expired holder's release does not free the new holder's lock, and `with_lock`

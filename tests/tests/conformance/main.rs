@@ -76,6 +76,7 @@ conformance!(
     waiting::wait_timeout_returns_timeout_within_bounds,
     waiting::release_wakes_a_waiter_long_before_the_lease,
     lease::watchdog_keeps_a_short_lease_alive,
+    lease::with_lock_bodies_keep_a_short_lease_alive,
     lease::watchdog_off_lease_is_a_hard_cap,
     lease::deleted_key_is_lost,
     fencing::fences_strictly_increase_across_holders,
