@@ -7,60 +7,64 @@
 //! `join_all`) each run in a frame of their own and never see each other's holds: they are
 //! different owners. Spawned tasks do not inherit the frame at all.
 //!
-//! The task-local holds a [`Scope`]: the frame's parts, the frame itself allocated only when
-//! something in the body asks for it (a nested call, a plain `acquire()`), so that a body that
-//! takes no lock of its own costs no allocation.
+//! A body runs in an [`InChain`] future, which owns the body's [`Scope`] (the guard of the
+//! acquisition that opened it, and the frame, allocated only when something in the body asks
+//! for it: a nested call, a plain `acquire()`; a body that takes no lock of its own costs no
+//! allocation) and makes it the innermost level while it polls the body: a scoped thread-local
+//! points at it for the length of that poll, as a task-local would, without moving the scope in
+//! and out of the thread's slot at every poll. The same layer runs the body in its span and
+//! checks its lease before each step: one layer on every annotated call.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 
+use crate::guard::LockGuard;
 use crate::held::Held;
+use crate::lost::LossCheck;
 
-tokio::task_local! {
-    /// The innermost level of the running call chain.
-    static CHAIN: Scope;
+scoped_tls::scoped_thread_local! {
+    /// The innermost level of the call chain whose body this thread is polling.
+    static CHAIN: Scope
 }
 
-/// The innermost level of a call chain as the task-local holds it: the parts of its frame, and
-/// the frame itself, made the first time something asks for it (a nested call, a plain
-/// `acquire()`). Most bodies never ask, and then no frame is allocated.
+/// The innermost level of a call chain as its body's [`InChain`] holds it: the guard of the
+/// scoped acquisition that opened it (kept here while the body runs), and the frame itself,
+/// made the first time something asks for it (a nested call, a plain `acquire()`). Most bodies
+/// never ask, and then no frame is allocated.
 pub(crate) struct Scope {
     id: u64,
     parent: Option<Arc<Frame>>,
-    first: Option<Arc<Held>>,
-    /// The other fresh holds of a multi-key lock (canonical order after `first`).
-    more: Vec<Arc<Held>>,
+    /// Taken back when the body ends.
+    guard: Option<LockGuard>,
     frame: std::cell::OnceCell<Arc<Frame>>,
 }
 
 impl Scope {
-    /// The level `id` below `parent`, holding `first` if the call that opens it acquired fresh.
-    pub(crate) fn new(id: u64, parent: Option<Arc<Frame>>, first: Option<Arc<Held>>) -> Self {
+    /// The level `id` below `parent`, opened by the acquisition of `guard`: the holds it took
+    /// fresh (not re-entered) are this level's.
+    pub(crate) fn new(id: u64, parent: Option<Arc<Frame>>, guard: LockGuard) -> Self {
         Self {
             id,
             parent,
-            first,
-            more: Vec::new(),
+            guard: Some(guard),
             frame: std::cell::OnceCell::new(),
         }
     }
 
-    /// The scope of a multi-key lock's body: every key it acquired fresh (canonical order).
-    pub(crate) fn with_holds(id: u64, parent: Option<Arc<Frame>>, holds: Vec<Arc<Held>>) -> Self {
-        let mut holds = holds.into_iter();
-        Self {
-            first: holds.next(),
-            more: holds.collect(),
-            ..Self::new(id, parent, None)
-        }
+    /// The holds taken fresh by the acquisition that opened this level, in canonical order.
+    fn fresh(&self) -> impl DoubleEndedIterator<Item = &Arc<Held>> {
+        self.guard.iter().flat_map(LockGuard::fresh_holds)
     }
 
     fn frame(&self) -> Arc<Frame> {
         self.frame
             .get_or_init(|| {
-                let frame = Frame::new(self.id, self.parent.clone(), self.first.clone());
-                for held in &self.more {
+                let mut fresh = self.fresh();
+                let frame = Frame::new(self.id, self.parent.clone(), fresh.next().cloned());
+                for held in fresh {
                     frame.push(held.clone());
                 }
                 frame
@@ -74,8 +78,7 @@ impl Scope {
         if let Some(frame) = self.frame.get() {
             return frame.innermost_fence();
         }
-        let innermost = self.more.iter().rev().chain(self.first.iter());
-        match innermost.into_iter().find(|h| h.is_held()) {
+        match self.fresh().rev().find(|h| h.is_held()) {
             Some(held) => Some(held.fence),
             None => self.parent.as_ref().and_then(|p| p.innermost_fence()),
         }
@@ -208,15 +211,107 @@ impl ChainHolds {
 
 /// The innermost frame of the running call chain, if any.
 pub(crate) fn current_frame() -> Option<Arc<Frame>> {
-    CHAIN.try_with(Scope::frame).ok()
+    // `with` is only called once `is_set` said a level is in force.
+    CHAIN.is_set().then(|| CHAIN.with(Scope::frame))
 }
 
-/// Runs `fut` in `scope` (a plain function: an `async fn` would store `fut` twice).
-pub(crate) fn enter<F: Future>(
-    scope: Scope,
-    fut: F,
-) -> tokio::task::futures::TaskLocalFuture<Scope, F> {
-    CHAIN.scope(scope, fut)
+pin_project_lite::pin_project! {
+    /// A body running in its level of the call chain, in the span `span`, and (with a loss
+    /// check) only while the lease of the level's one key is not known lost: one layer around
+    /// the body, which runs on every annotated call.
+    pub(crate) struct InChain<F> {
+        // `None` once ended (dropped in its level, as it ran).
+        #[pin]
+        fut: Option<F>,
+        scope: Scope,
+        span: tracing::Span,
+        check: Option<LossCheck>,
+    }
+
+    impl<F> PinnedDrop for InChain<F> {
+        fn drop(this: Pin<&mut Self>) {
+            // A body cancelled mid-way is dropped in its level and span, as it ran.
+            let this = this.project();
+            drop_in_level(this.fut, this.scope, this.span);
+        }
+    }
+}
+
+/// How a body run by [`InChain`] ended: its output (`None`: the lease was lost and the body
+/// dropped), and the guard of its level, handed back.
+pub(crate) struct Ended<T> {
+    pub(crate) out: Option<T>,
+    pub(crate) guard: LockGuard,
+}
+
+impl<F: Future> InChain<F> {
+    /// `fut` run in `scope` and `span`; with `check`, stopped once the lease of the scope's
+    /// (one-key) guard is lost.
+    pub(crate) fn new(scope: Scope, span: tracing::Span, check: Option<LossCheck>, fut: F) -> Self {
+        Self {
+            fut: Some(fut),
+            scope,
+            span,
+            check,
+        }
+    }
+}
+
+/// Drops a body not yet ended in its level and span, as it ran.
+fn drop_in_level<F>(mut fut: Pin<&mut Option<F>>, scope: &Scope, span: &tracing::Span) {
+    if fut.is_some() {
+        let _entered = span.enter();
+        CHAIN.set(scope, || fut.set(None));
+    }
+}
+
+impl<F: Future> Future for InChain<F> {
+    type Output = Ended<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let held = this.scope.guard.as_ref().map(|g| &**g.held());
+        if let (Some(check), Some(held)) = (this.check.as_mut(), held)
+            && !check.may_step(&held.lost)
+        {
+            drop_in_level(this.fut.as_mut(), this.scope, this.span);
+            return end(this.scope, None);
+        }
+        let polled = {
+            let _entered = this.span.enter();
+            let fut = &mut this.fut;
+            CHAIN.set(this.scope, || {
+                let polled = fut.as_mut().as_pin_mut().map(|f| f.poll(cx));
+                if let Some(Poll::Ready(_)) = polled {
+                    fut.set(None);
+                }
+                polled
+            })
+        };
+        match polled {
+            Some(Poll::Ready(out)) => end(this.scope, Some(out)),
+            // Polled after it ended: nothing left to run.
+            None => Poll::Pending,
+            Some(Poll::Pending) => {
+                if let (Some(check), Some(held)) = (this.check.as_mut(), held)
+                    && check.lost_while_waiting(held, cx)
+                {
+                    drop_in_level(this.fut, this.scope, this.span);
+                    return end(this.scope, None);
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The body ended with `out`: hands back the level's guard.
+fn end<T>(scope: &mut Scope, out: Option<T>) -> Poll<Ended<T>> {
+    match scope.guard.take() {
+        Some(guard) => Poll::Ready(Ended { out, guard }),
+        // Only once the future was polled after it ended (the guard is taken only here).
+        None => Poll::Pending,
+    }
 }
 
 /// The fencing token of the innermost lock held by this call chain, if any.
@@ -239,11 +334,11 @@ pub(crate) fn enter<F: Future>(
 /// # Ok(()) }
 /// ```
 pub fn current_fence() -> Option<u64> {
-    CHAIN
-        .try_with(Scope::innermost_fence)
-        .ok()
-        .flatten()
-        .flatten()
+    if !CHAIN.is_set() {
+        return None;
+    }
+    // `with` is only called once `is_set` said a level is in force.
+    CHAIN.with(Scope::innermost_fence).flatten()
 }
 
 #[cfg(test)]

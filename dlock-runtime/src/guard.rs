@@ -99,12 +99,11 @@ impl LockGuard {
     }
 
     /// The holds this guard acquired from the engine (not re-entered), in canonical order.
-    pub(crate) fn fresh_helds(&self) -> Vec<Arc<Held>> {
+    pub(crate) fn fresh_holds(&self) -> impl DoubleEndedIterator<Item = &Arc<Held>> {
         std::iter::once(self)
             .chain(self.more.iter())
             .filter(|g| g.is_first())
-            .map(|g| g.held.clone())
-            .collect()
+            .map(|g| &g.held)
     }
 
     /// Whether this guard acquired from the engine (not a re-entry).

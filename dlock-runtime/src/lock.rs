@@ -12,10 +12,11 @@ use crate::LockError;
 use crate::acquire::{FOREVER, acquire_fresh};
 use crate::backend::Fairness;
 use crate::backend::mode::Mode;
-use crate::chain::{Frame, Scope, current_frame, enter};
+use crate::chain::{Ended, Frame, InChain, Scope, current_frame};
 use crate::core::{Core, validate_lease};
 use crate::guard::LockGuard;
 use crate::held::{Held, Reentry, Terms};
+use crate::lost::LossCheck;
 
 /// What to do when the lease is lost while the protected code runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -666,7 +667,7 @@ pub(crate) async fn protected<T>(
     let scope = Frame::next_id();
     let multi = lock.multi().is_some();
     let lock = LockBuilder {
-        // The body's first wait has the hold tracked (`Held::run_unless_lost`).
+        // The body's first wait has the hold tracked (`LossCheck::lost_while_waiting`).
         track_on_wait: !multi && on_lost == OnLost::Cancel,
         ..lock
     };
@@ -677,7 +678,6 @@ pub(crate) async fn protected<T>(
         return protected_all(guard, on_lost, parent, scope, Box::pin(fut)).await;
     }
     let first = guard.is_first();
-    let fresh = first.then(|| guard.held().clone());
     // The body runs in the span `dlock.held` (a sibling of `dlock.acquire`, which has ended).
     let held_span = tracing::info_span!(
         "dlock.held",
@@ -685,20 +685,16 @@ pub(crate) async fn protected<T>(
         engine = guard.held().core.engine,
         fence = guard.fence(),
     );
-    let fut = enter(Scope::new(scope, parent, fresh), fut).instrument(held_span);
-    let out = match on_lost {
-        // A fresh hold's validity was checked on the clock when it was registered, in this
-        // same poll: the body's first step needs no second reading.
-        // The watchdog tracks the hold from the body's first wait (`Held::watch`).
-        OnLost::Cancel => match guard.held().run_unless_lost(fut, first).await {
-            Some(out) => out,
-            None => {
-                return Err(LockError::Lost {
-                    key: guard.key().to_owned(),
-                });
-            }
-        },
-        OnLost::Ignore => fut.await,
+    // A fresh hold's validity was checked on the clock when it was registered, in this same
+    // poll: the body's first step needs no second reading. The body's first wait has the hold
+    // tracked by the watchdog (`LossCheck::lost_while_waiting`).
+    let check = (on_lost == OnLost::Cancel).then(|| LossCheck::new(first));
+    let Ended { out, guard } =
+        InChain::new(Scope::new(scope, parent, guard), held_span, check, fut).await;
+    let Some(out) = out else {
+        return Err(LockError::Lost {
+            key: guard.key().to_owned(),
+        });
     };
     match guard.release().await {
         Ok(()) => Ok(out),
@@ -725,21 +721,23 @@ async fn protected_all<T>(
         engine = guard.held().core.engine,
         fence = guard.fence(),
     );
-    let fut =
-        enter(Scope::with_holds(scope, parent, guard.fresh_helds()), fut).instrument(held_span);
-    let out = match on_lost {
-        OnLost::Cancel => {
-            let signals: Vec<_> = guard.helds().map(|h| h.lost.clone()).collect();
-            match crate::multi::run_unless_any_lost(&signals, fut).await {
-                Some(out) => out,
-                None => {
-                    let lost = guard.helds().find(|h| h.lost.is_lost());
-                    let key = lost.unwrap_or(guard.held()).key.clone();
-                    return Err(LockError::Lost { key });
-                }
-            }
-        }
-        OnLost::Ignore => fut.await,
+    // Every key's lease is checked by `run_unless_any_lost`, none by the body's layer; on a
+    // loss the body is dropped with the guard its level kept.
+    let holds: Vec<Arc<Held>> = guard.helds().cloned().collect();
+    let body = InChain::new(Scope::new(scope, parent, guard), held_span, None, fut);
+    let ended = match on_lost {
+        OnLost::Cancel => crate::multi::run_unless_any_lost(&holds, body).await,
+        OnLost::Ignore => Some(body.await),
+    };
+    let Some(Ended {
+        out: Some(out),
+        guard,
+    }) = ended
+    else {
+        let lost = holds.iter().find(|h| h.lost.is_lost()).or(holds.first());
+        return Err(LockError::Lost {
+            key: lost.map(|h| h.key.clone()).unwrap_or_default(),
+        });
     };
     match guard.release().await {
         Ok(()) => Ok(out),

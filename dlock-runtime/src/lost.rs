@@ -1,10 +1,9 @@
 //! The lease state of one held lock: the lost signal and the confirmed validity.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -102,25 +101,6 @@ impl LostSignal {
         Instant::now() >= until
     }
 
-    /// Runs `fut` until it completes (`Some`) or the lease is known lost (`None`, `fut`
-    /// dropped). Before each poll of `fut` the confirmed validity is checked on the local
-    /// clock, so a body never takes another step once it ran out, even if the watchdog has
-    /// not run yet (a process resumed after a pause). Watches the lost signal only once `fut`
-    /// has to wait, so a body that completes at once costs nothing extra.
-    ///
-    /// `fresh`: this signal was made (its validity set against the clock read then) in the
-    /// same poll as this call, so the first step is checked against that reading instead of a
-    /// new one.
-    pub(crate) fn run_unless_lost<F: Future>(&self, fut: F, fresh: bool) -> UnlessLost<'_, F> {
-        UnlessLost {
-            fut,
-            signal: self,
-            first: fresh,
-            watching: None,
-            held: None,
-        }
-    }
-
     pub(crate) async fn wait(&self) {
         loop {
             let notified = self.notify.notified();
@@ -134,60 +114,47 @@ impl LostSignal {
     }
 }
 
-impl Held {
-    /// [`LostSignal::run_unless_lost`] on this hold's lease, which the watchdog tracks from
-    /// the first time `fut` waits (see [`Held::watch`]).
-    pub(crate) fn run_unless_lost<F: Future>(&self, fut: F, fresh: bool) -> UnlessLost<'_, F> {
-        UnlessLost {
-            held: Some(self),
-            ..self.lost.run_unless_lost(fut, fresh)
+/// Stops a body once its lease is known lost: before each step of the body the confirmed
+/// validity is checked on the local clock, so a body never takes another step once it ran out,
+/// even if the watchdog has not run yet (a process resumed after a pause); once the body has
+/// had to wait, the watchdog tracks its hold (see [`Held::watch`]) and the lost signal is
+/// watched too, so that a loss wakes it. A body that completes at once costs a few loads.
+pub(crate) struct LossCheck {
+    // The first step is checked against the clock reading of the signal's making.
+    first: bool,
+    // The lost notification, watched once the body has had to wait.
+    watching: Option<Pin<Box<OwnedNotified>>>,
+}
+
+impl LossCheck {
+    /// A check of a body not started yet. `fresh`: its lease's signal was made (its validity
+    /// set against the clock read then) in the same poll as the body's first step, so that
+    /// step is checked against that reading instead of a new one.
+    pub(crate) fn new(fresh: bool) -> Self {
+        Self {
+            first: fresh,
+            watching: None,
         }
     }
-}
 
-pin_project_lite::pin_project! {
-    /// The future of [`LostSignal::run_unless_lost`]: one layer around the body (it runs on
-    /// every annotated call), dropping the body as soon as the loss is seen.
-    pub(crate) struct UnlessLost<'a, F> {
-        #[pin]
-        fut: F,
-        signal: &'a LostSignal,
-        // The first poll checks the validity against the clock reading of the signal's making.
-        first: bool,
-        // The lost notification, watched once the body has had to wait.
-        watching: Option<Pin<Box<OwnedNotified>>>,
-        // The hold whose lease this is, tracked by the watchdog once the body has had to wait.
-        held: Option<&'a Held>,
-    }
-}
-
-impl<F: Future> Future for UnlessLost<'_, F> {
-    type Output = Option<F::Output>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let signal = *this.signal;
-        let expired = if std::mem::take(this.first) {
+    /// Whether the body may take its next step (the lease `signal` is not known lost).
+    pub(crate) fn may_step(&mut self, signal: &LostSignal) -> bool {
+        let expired = if std::mem::take(&mut self.first) {
             signal.expired_when_made()
         } else {
             signal.expired()
         };
-        if signal.is_lost() || expired {
-            return Poll::Ready(None);
-        }
-        if let Poll::Ready(out) = this.fut.poll(cx) {
-            return Poll::Ready(Some(out));
-        }
-        let lost = this.watching.get_or_insert_with(|| {
-            if let Some(held) = this.held {
-                held.watch();
-            }
-            signal.watch()
+        !(signal.is_lost() || expired)
+    }
+
+    /// After a step that left the body waiting: whether the lease of `held` is known lost by
+    /// now (the task is woken when it is). The first time, has the watchdog track the hold.
+    pub(crate) fn lost_while_waiting(&mut self, held: &Held, cx: &mut Context<'_>) -> bool {
+        let lost = self.watching.get_or_insert_with(|| {
+            held.watch();
+            held.lost.watch()
         });
-        if lost.as_mut().poll(cx).is_ready() || signal.is_lost() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
+        lost.as_mut().poll(cx).is_ready() || held.lost.is_lost()
     }
 }
 
@@ -201,18 +168,15 @@ mod tests {
     async fn no_step_after_the_validity_ran_out_even_before_the_watchdog_runs() {
         let signal = LostSignal::default();
         signal.set_valid_until(Instant::now() + Duration::from_secs(1));
-        let steps = std::sync::atomic::AtomicU32::new(0);
-        let body = async {
-            for _ in 0..10 {
-                steps.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(400)).await;
-            }
-        };
-        let out = signal.run_unless_lost(body, false).await;
-        assert!(out.is_none());
+        let mut check = LossCheck::new(false);
+        let mut steps = 0;
+        while check.may_step(&signal) && steps < 10 {
+            steps += 1;
+            tokio::time::advance(Duration::from_millis(400)).await;
+        }
         assert!(!signal.is_lost(), "nobody fired the signal");
         // Steps at 0, 400 and 800 ms; none at 1200 ms.
-        assert_eq!(steps.load(Ordering::SeqCst), 3);
+        assert_eq!(steps, 3);
     }
 
     /// A hold whose validity had run out before it was registered (the acquire's answer came
@@ -224,13 +188,10 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         let signal = LostSignal::default();
         signal.set_valid_until(sent + Duration::from_secs(1));
-        let out = signal
-            .run_unless_lost(async { unreachable!("the body took a step") }, true)
-            .await;
-        assert!(out.is_none());
+        assert!(!LossCheck::new(true).may_step(&signal));
         // Still valid when registered: the first step runs.
         let signal = LostSignal::default();
         signal.set_valid_until(Instant::now() + Duration::from_secs(1));
-        assert_eq!(signal.run_unless_lost(async { 7 }, true).await, Some(7));
+        assert!(LossCheck::new(true).may_step(&signal));
     }
 }

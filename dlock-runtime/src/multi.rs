@@ -210,13 +210,14 @@ pub(crate) async fn any_lost(signals: impl Iterator<Item = &LostSignal>) {
     }
 }
 
-/// Runs `fut` until it completes (`Some`) or the lease of any of `signals` is known lost
-/// (`None`, `fut` dropped): [`LostSignal::run_unless_lost`] over several keys, each checked on
-/// the local clock before every step of `fut`.
+/// Runs `fut` until it completes (`Some`) or the lease of any of `holds` is known lost
+/// (`None`, `fut` dropped): the [`LossCheck`](crate::lost::LossCheck) of one key over several,
+/// each checked on the local clock before every step of `fut`.
 pub(crate) async fn run_unless_any_lost<F: Future>(
-    signals: &[Arc<LostSignal>],
+    holds: &[Arc<Held>],
     fut: F,
 ) -> Option<F::Output> {
+    let signals: Vec<&LostSignal> = holds.iter().map(|h| &*h.lost).collect();
     tokio::pin!(fut);
     let mut watching: Option<Vec<_>> = None;
     std::future::poll_fn(|cx| {
