@@ -5,7 +5,7 @@
 //! ```text
 //! {
 //!     let __dlock_key = ::std::format!("stock:{}", id);
-//!     ::dlock_runtime::__private::run(
+//!     match ::dlock_runtime::__private::run(
 //!         ::dlock_runtime::__private::lock(__dlock_key).lease(..).wait(..).watchdog(..),
 //!         ::dlock_runtime::__private::OnLost::Cancel,
 //!         async move {
@@ -14,6 +14,10 @@
 //!         },
 //!     )
 //!     .await
+//!     {
+//!         Ok(__dlock_out) => __dlock_out,
+//!         Err(__dlock_err) => ::dlock_runtime::__private::LockResult::from_lock_error(__dlock_err),
+//!     }
 //! }
 //! ```
 //!
@@ -61,6 +65,16 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, keys: &[Vec<KeyPart>]) -> Tok
     let run = respan(quote!(#krate::__private::run), blame);
 
     let key_local = Ident::new("__dlock_key", Span::mixed_site());
+    let out_local = Ident::new("__dlock_out", Span::mixed_site());
+    let err_local = Ident::new("__dlock_err", Span::mixed_site());
+    // The same bound as `run`'s, located at the same place (the parentheses too; the local
+    // keeps its own hygiene): rustc reports it once.
+    let from_lock_error = respan(
+        quote!(#krate::__private::LockResult::from_lock_error),
+        blame,
+    );
+    let mut err_arg = Group::new(Delimiter::Parenthesis, err_local.to_token_stream());
+    err_arg.set_span(blame);
     let fake_return = Ident::new("__dlock_fake_return", Span::mixed_site());
     let key = match (args.multi, keys) {
         (false, [key]) => key_expression(key),
@@ -144,7 +158,10 @@ pub(crate) fn expand(func: &LockedFn, args: &Args, keys: &[Vec<KeyPart>]) -> Tok
         #vis #defaultness #sig {
             #(#inner_attrs)*
             let #key_local = #key;
-            #run #run_args #await_run
+            match #run #run_args #await_run {
+                ::core::result::Result::Ok(#out_local) => #out_local,
+                ::core::result::Result::Err(#err_local) => #from_lock_error #err_arg,
+            }
         }
     }
 }

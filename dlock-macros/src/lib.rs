@@ -396,7 +396,8 @@ use crate::key::Bindings;
 /// ```text
 /// async fn buy(id: u64, qty: u32) -> Result<u64, ShopError> {
 ///     let __dlock_key = ::std::format!("stock:{}", id);
-///     ::dlock_runtime::__private::run(
+///     // The future of `with_lock`, awaited here: a lock failure becomes the return type.
+///     match ::dlock_runtime::__private::run(
 ///         ::dlock_runtime::__private::lock(__dlock_key)
 ///             .lease(::dlock_runtime::__private::Duration::from_millis(30000))
 ///             .wait(::dlock_runtime::__private::Duration::from_millis(1000)),
@@ -412,6 +413,10 @@ use crate::key::Bindings;
 ///         },
 ///     )
 ///     .await
+///     {
+///         Ok(__dlock_out) => __dlock_out,
+///         Err(__dlock_err) => ::dlock_runtime::__private::LockResult::from_lock_error(__dlock_err),
+///     }
 /// }
 /// ```
 ///

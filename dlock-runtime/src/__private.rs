@@ -39,15 +39,14 @@ pub fn lock_all(keys: Vec<String>) -> LockBuilder {
     crate::lock_all(keys)
 }
 
-/// Runs the body of an annotated function under `lock` (see [`crate::with_lock`]).
-pub async fn run<R: LockResult, F: Future<Output = R>>(
+/// The body of an annotated function run under `lock` (see [`crate::with_lock`]): the future
+/// of `with_lock` itself, awaited by the function, which turns a lock failure into its return
+/// type with [`LockResult::from_lock_error`] (a future of its own around this one would cost a
+/// copy of it on every call; the attribute is on hot paths).
+pub fn run<R: LockResult, F: Future<Output = R>>(
     lock: LockBuilder,
     on_lost: OnLost,
     body: F,
-) -> R {
-    // The body of `with_lock`, one future layer less (the attribute is on hot paths).
-    let lock = lock.on_lost(on_lost);
-    crate::lock::protected(lock, body)
-        .await
-        .unwrap_or_else(R::from_lock_error)
+) -> impl Future<Output = Result<R, LockError>> {
+    crate::lock::protected(lock.on_lost(on_lost), body)
 }
