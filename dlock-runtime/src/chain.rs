@@ -272,7 +272,7 @@ impl<F: Future> Future for InChain<F> {
         let mut this = self.project();
         let held = this.scope.guard.as_ref().map(|g| &**g.held());
         if let (Some(check), Some(held)) = (this.check.as_mut(), held)
-            && !check.may_step(&held.lost)
+            && !check.may_step(held)
         {
             drop_in_level(this.fut.as_mut(), this.scope, this.span);
             return end(this.scope, None);

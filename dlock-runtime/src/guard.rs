@@ -52,7 +52,7 @@ impl fmt::Debug for LockGuard {
         let mut f = f.debug_struct("LockGuard");
         f.field("key", &self.held.key)
             .field("fence", &self.held.fence)
-            .field("lost", &self.held.lost.is_lost());
+            .field("lost", &self.held.is_lost());
         if !self.more.is_empty() {
             f.field("keys", &self.keys());
             f.field("fences", &self.fences());
@@ -160,9 +160,9 @@ impl LockGuard {
     /// For a multi-key lock: when the lease of any of its keys is.
     pub async fn lost(&self) {
         if self.more.is_empty() {
-            return self.held.lost.wait().await;
+            return self.held.lost().wait().await;
         }
-        crate::multi::any_lost(self.helds().map(|h| &*h.lost)).await;
+        crate::multi::any_lost(self.helds().map(|h| &**h.lost())).await;
     }
 
     /// How long the lock stays ours if no renewal succeeds from now on: the confirmed
@@ -171,14 +171,14 @@ impl LockGuard {
     /// keys'.
     pub fn valid_for(&self) -> Duration {
         self.helds()
-            .map(|h| h.lost.valid_for())
+            .map(|h| h.valid_for())
             .min()
             .unwrap_or_default()
     }
 
     /// Whether the lease is known lost (for a multi-key lock: the lease of any of its keys).
     pub fn is_lost(&self) -> bool {
-        self.helds().any(|h| h.lost.is_lost())
+        self.helds().any(|h| h.is_lost())
     }
 
     /// Releases this hold and waits for the engine's answer.
@@ -215,7 +215,7 @@ impl LockGuard {
             if held.passed() {
                 return Ok(());
             }
-            return if held.lost.is_lost() {
+            return if held.is_lost() {
                 Err(LockError::Lost {
                     key: held.key.clone(),
                 })
@@ -250,7 +250,7 @@ impl LockGuard {
             drop(finish);
         }
         // The lease itself, not reentrant guards kept past this one (orphaned, not lost).
-        if held.lost.lease_lost() {
+        if held.lease_lost() {
             // The lease had been lost while held (whatever the release found: what was left of
             // it, nothing, or an engine that expired the session): the caller must know its
             // critical section was not protected.

@@ -101,7 +101,7 @@ pub(crate) fn pass(held: &Held) -> bool {
     if held.hold_left().is_some() {
         return false;
     }
-    if !held.terms.renew || held.lost.lease_lost() {
+    if !held.terms.renew || held.lease_lost() {
         return false;
     }
     let Some(next) = held.fence.and_then(|f| f.checked_add(1)) else {
@@ -117,7 +117,7 @@ pub(crate) fn pass(held: &Held) -> bool {
     held.core
         .hub
         .with_queue(&held.key, |queue| {
-            !held.lost.valid_for().is_zero()
+            !held.valid_for().is_zero()
                 && queue.offer(Baton {
                     core: held.core.clone(),
                     owner: held.owner.clone(),
@@ -140,7 +140,7 @@ pub(crate) fn wants_extension(held: &Held) -> bool {
     if held.terms.mode.is_shared()
         || held.hold_left().is_some()
         || !held.terms.renew
-        || held.lost.lease_lost()
+        || held.lease_lost()
         || held.core.backend.fence_block() <= 1
     {
         return false;
@@ -154,7 +154,7 @@ pub(crate) fn wants_extension(held: &Held) -> bool {
             .core
             .hub
             .with_queue(&held.key, |queue| {
-                queue.fits(held.terms.lease) && !held.lost.valid_for().is_zero()
+                queue.fits(held.terms.lease) && !held.valid_for().is_zero()
             })
             .unwrap_or(false)
 }

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use once_cell::sync::OnceCell;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -18,7 +19,12 @@ pub(crate) struct Held {
     pub(crate) key: String,
     pub(crate) owner: String,
     pub(crate) fence: Option<u64>,
-    pub(crate) lost: Arc<LostSignal>,
+    /// The lease state, made when first asked for ([`Held::lost`]): a scoped body that ends
+    /// without waiting never needs one.
+    signal: OnceCell<Arc<LostSignal>>,
+    /// The clock's reading when the hold was registered, and the validity confirmed then (what
+    /// the lost signal is made from).
+    registered: (Instant, Instant),
     /// Its watchdog entry: an id, [`UNTRACKED`] (a scoped hold whose body has not waited yet,
     /// see [`Held::watch`]) or [`UNTRACKED_ENDED`].
     watchdog_id: AtomicU64,
@@ -98,11 +104,18 @@ impl Held {
         let Terms { lease, renew, .. } = terms;
         // Checked when the lock was requested; counting on nothing is the safe answer otherwise.
         let drift = core.backend.lease_margin(lease).unwrap_or(lease);
+        // One reading of the clock, as the hold is registered: the first step of a scoped
+        // body is checked against it (see `LossCheck`).
+        let now = Instant::now();
+        let valid_until = sent_at + lease.saturating_sub(drift);
         let (watchdog_id, lost) = if terms.track_on_wait {
-            (UNTRACKED, crate::watchdog::signal(lease, drift, sent_at))
+            (UNTRACKED, None)
         } else {
-            core.watchdog
-                .register(&key, &owner, lease, drift, renew, sent_at, None)
+            let lost = Arc::new(LostSignal::new(now, valid_until));
+            let (id, lost) =
+                core.watchdog
+                    .register(&key, &owner, lease, drift, renew, sent_at, Some(lost));
+            (id, Some(lost))
         };
         tracing::debug!(key = %key, ?fence, ?lease, watchdog = renew, "lock acquired");
         let fences_end = fence.map_or(0, |f| f.saturating_add(core.backend.fence_block()));
@@ -114,7 +127,7 @@ impl Held {
             fences_end,
             terms,
             (watchdog_id, sent_at),
-            lost,
+            (lost, (now, valid_until)),
         )
     }
 
@@ -128,6 +141,7 @@ impl Held {
         terms: Terms,
     ) -> Arc<Self> {
         tracing::debug!(key = %key, fence = baton.fence, "lock handed over within the runtime");
+        let now = Instant::now();
         Self::with(
             core,
             key,
@@ -135,8 +149,8 @@ impl Held {
             Some(baton.fence),
             baton.fences_end,
             terms,
-            (baton.watchdog_id, Instant::now()),
-            lost,
+            (baton.watchdog_id, now),
+            (Some(lost), (now, now)),
         )
     }
 
@@ -149,15 +163,18 @@ impl Held {
         fences_end: u64,
         terms: Terms,
         (watchdog_id, acquired_at): (u64, Instant),
-        lost: Arc<LostSignal>,
+        (lost, registered): (Option<Arc<LostSignal>>, (Instant, Instant)),
     ) -> Arc<Self> {
+        // Made with its value where there is one: no synchronisation to set it.
+        let signal = lost.map_or_else(OnceCell::new, OnceCell::with_value);
         Arc::new(Self {
             acquired_at,
             core: core.clone(),
             key,
             owner,
             fence,
-            lost,
+            signal,
+            registered,
             watchdog_id: AtomicU64::new(watchdog_id),
             terms,
             fences_end,
@@ -195,7 +212,7 @@ impl Held {
             drift,
             self.terms.renew,
             self.acquired_at,
-            Some(self.lost.clone()),
+            Some(self.lost().clone()),
         );
         match self
             .watchdog_id
@@ -218,6 +235,35 @@ impl Held {
         match self.watchdog_id.swap(UNTRACKED_ENDED, Ordering::AcqRel) {
             UNTRACKED | UNTRACKED_ENDED => {}
             id => self.core.watchdog.unregister(id),
+        }
+    }
+
+    /// The lease state of this hold, shared by its guards and the watchdog (made now if it was
+    /// not yet, from the validity confirmed at the registration).
+    pub(crate) fn lost(&self) -> &Arc<LostSignal> {
+        self.signal.get_or_init(|| {
+            let (now, valid_until) = self.registered;
+            Arc::new(LostSignal::new(now, valid_until))
+        })
+    }
+
+    /// Whether the lease was lost in the engine (or on the local clock); a hold without a lost
+    /// signal yet was not (nothing could have told it).
+    pub(crate) fn lease_lost(&self) -> bool {
+        self.signal.get().is_some_and(|s| s.lease_lost())
+    }
+
+    /// Whether the lock no longer protects its guards (see [`LostSignal::is_lost`]); a hold
+    /// without a lost signal yet is not lost.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.signal.get().is_some_and(|s| s.is_lost())
+    }
+
+    /// How long the lock stays ours if no renewal succeeds from now on (zero once lost).
+    pub(crate) fn valid_for(&self) -> Duration {
+        match self.signal.get() {
+            Some(signal) => signal.valid_for(),
+            None => self.registered.1.saturating_duration_since(Instant::now()),
         }
     }
 
@@ -275,7 +321,7 @@ impl Held {
         holds.nested.clear();
         drop(holds);
         if orphans {
-            self.lost.orphan();
+            self.lost().orphan();
         }
         self.turn.notify_waiters();
     }
@@ -303,10 +349,65 @@ impl Held {
     }
 }
 
+impl crate::lost::Validity for Held {
+    fn expired_when_made(&self) -> bool {
+        match self.signal.get() {
+            Some(signal) => signal.expired_when_made(),
+            None => self.registered.1 <= self.registered.0,
+        }
+    }
+
+    fn expired(&self) -> bool {
+        match self.signal.get() {
+            Some(signal) => signal.expired(),
+            None => Instant::now() >= self.registered.1,
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        Held::is_lost(self)
+    }
+}
+
 /// What remains of a hold that keeps its key until `until`: `None` once it passed (or without
 /// a hold).
 pub(crate) fn hold_left(until: Option<Instant>) -> Option<Duration> {
     until
         .map(|until| until.saturating_duration_since(Instant::now()))
         .filter(|left| !left.is_zero())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Runtime;
+    use crate::lost::Validity;
+
+    /// A hold tracked only once its body waits has no lost signal until asked: it is checked
+    /// on the clock against the validity confirmed at its registration, and the signal made
+    /// later counts from that registration too.
+    #[tokio::test(start_paused = true)]
+    async fn an_untracked_hold_counts_its_validity_from_its_registration() {
+        let rt = Runtime::from_url("memory://").await.expect("memory");
+        let mut lock = rt.lock("job").lease(Duration::from_secs(1)).watchdog(false);
+        lock.track_on_wait = true;
+        let guard = lock.acquire().await.expect("acquire");
+        let held = guard.held().clone();
+        assert!(held.signal.get().is_none(), "a signal was made unasked");
+        assert_eq!(rt.held_count(), 0, "tracked before its body waited");
+        assert!(!Validity::expired_when_made(&*held));
+        assert!(!Validity::is_lost(&*held));
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert!(Validity::expired(&*held), "valid past its lease");
+        assert!(held.valid_for().is_zero());
+        assert!(held.signal.get().is_none());
+        assert!(
+            held.lost().expired(),
+            "the signal counts from its own making"
+        );
+        held.watch();
+        assert_eq!(rt.held_count(), 1, "not tracked once asked to be");
+        drop(guard);
+        assert_eq!(rt.held_count(), 0, "still tracked after its end");
+    }
 }

@@ -62,7 +62,7 @@ pub struct LockBuilder {
     /// A fresh hold is tracked by the watchdog only once [`Held::watch`] is called: set by
     /// [`protected`] for a one-key body it runs under [`OnLost::Cancel`], which calls it the
     /// first time the body waits.
-    track_on_wait: bool,
+    pub(crate) track_on_wait: bool,
 }
 
 impl fmt::Debug for LockBuilder {
@@ -734,7 +734,7 @@ async fn protected_all<T>(
         guard,
     }) = ended
     else {
-        let lost = holds.iter().find(|h| h.lost.is_lost()).or(holds.first());
+        let lost = holds.iter().find(|h| h.is_lost()).or(holds.first());
         return Err(LockError::Lost {
             key: lost.map(|h| h.key.clone()).unwrap_or_default(),
         });

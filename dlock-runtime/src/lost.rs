@@ -28,17 +28,32 @@ pub(crate) struct LostSignal {
 
 impl Default for LostSignal {
     fn default() -> Self {
-        Self {
-            lost: AtomicBool::new(false),
-            orphaned: AtomicBool::new(false),
-            notify: Arc::default(),
-            base: Instant::now(),
-            valid_nanos: AtomicU64::new(0),
-        }
+        Self::default_at(Instant::now())
     }
 }
 
 impl LostSignal {
+    /// A signal whose confirmed validity runs until `valid_until`, made as the clock read
+    /// `now` (see [`expired_when_made`](LostSignal::expired_when_made)).
+    pub(crate) fn new(now: Instant, valid_until: Instant) -> Self {
+        let signal = Self {
+            base: now,
+            ..Self::default_at(now)
+        };
+        signal.set_valid_until(valid_until);
+        signal
+    }
+
+    fn default_at(base: Instant) -> Self {
+        Self {
+            lost: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
+            notify: Arc::default(),
+            base,
+            valid_nanos: AtomicU64::new(0),
+        }
+    }
+
     pub(crate) fn set_valid_until(&self, until: Instant) {
         let nanos = until.saturating_duration_since(self.base).as_nanos();
         self.valid_nanos
@@ -114,6 +129,31 @@ impl LostSignal {
     }
 }
 
+/// What a [`LossCheck`] reads of a lease: a [`LostSignal`], or a [`Held`] that may not have
+/// made its signal yet.
+pub(crate) trait Validity {
+    /// Whether the validity had already run out when the clock was read at the registration.
+    fn expired_when_made(&self) -> bool;
+    /// Whether the confirmed validity has run out on the local clock.
+    fn expired(&self) -> bool;
+    /// Whether the lease is known lost (or the acquisition ended under a reentrant guard).
+    fn is_lost(&self) -> bool;
+}
+
+impl Validity for LostSignal {
+    fn expired_when_made(&self) -> bool {
+        LostSignal::expired_when_made(self)
+    }
+
+    fn expired(&self) -> bool {
+        LostSignal::expired(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        LostSignal::is_lost(self)
+    }
+}
+
 /// Stops a body once its lease is known lost: before each step of the body the confirmed
 /// validity is checked on the local clock, so a body never takes another step once it ran out,
 /// even if the watchdog has not run yet (a process resumed after a pause); once the body has
@@ -137,14 +177,14 @@ impl LossCheck {
         }
     }
 
-    /// Whether the body may take its next step (the lease `signal` is not known lost).
-    pub(crate) fn may_step(&mut self, signal: &LostSignal) -> bool {
+    /// Whether the body may take its next step (the `lease` is not known lost).
+    pub(crate) fn may_step(&mut self, lease: &impl Validity) -> bool {
         let expired = if std::mem::take(&mut self.first) {
-            signal.expired_when_made()
+            lease.expired_when_made()
         } else {
-            signal.expired()
+            lease.expired()
         };
-        !(signal.is_lost() || expired)
+        !(lease.is_lost() || expired)
     }
 
     /// After a step that left the body waiting: whether the lease of `held` is known lost by
@@ -152,9 +192,9 @@ impl LossCheck {
     pub(crate) fn lost_while_waiting(&mut self, held: &Held, cx: &mut Context<'_>) -> bool {
         let lost = self.watching.get_or_insert_with(|| {
             held.watch();
-            held.lost.watch()
+            held.lost().watch()
         });
-        lost.as_mut().poll(cx).is_ready() || held.lost.is_lost()
+        lost.as_mut().poll(cx).is_ready() || held.is_lost()
     }
 }
 

@@ -217,7 +217,7 @@ pub(crate) async fn run_unless_any_lost<F: Future>(
     holds: &[Arc<Held>],
     fut: F,
 ) -> Option<F::Output> {
-    let signals: Vec<&LostSignal> = holds.iter().map(|h| &*h.lost).collect();
+    let signals: Vec<&LostSignal> = holds.iter().map(|h| &**h.lost()).collect();
     tokio::pin!(fut);
     let mut watching: Option<Vec<_>> = None;
     std::future::poll_fn(|cx| {
