@@ -817,6 +817,34 @@ mod tests {
         assert_eq!(steps.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
+    /// A body cancelled mid-way is dropped inside its level of the call chain, as it ran:
+    /// what its destructors do still sees the body's hold.
+    #[tokio::test]
+    async fn a_cancelled_body_is_dropped_inside_its_level() {
+        struct SeesFence(std::sync::Arc<std::sync::Mutex<Option<Option<u64>>>>);
+        impl Drop for SeesFence {
+            fn drop(&mut self) {
+                *self.0.lock().expect("not poisoned") = Some(crate::current_fence());
+            }
+        }
+        let rt = memory().await;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let sees = SeesFence(seen.clone());
+        let call = with_lock(rt.lock("job"), async move {
+            let _sees = sees;
+            std::future::pending::<()>().await;
+        });
+        let mut call = Box::pin(call);
+        let polled = tokio::time::timeout(Duration::from_millis(20), call.as_mut()).await;
+        assert!(polled.is_err(), "the body never ends");
+        drop(call);
+        let fence = seen.lock().expect("not poisoned").take();
+        assert!(
+            matches!(fence, Some(Some(_))),
+            "dropped outside its level: {fence:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_dropped_guard_keeps_the_key_too() {
         let rt = memory().await;
