@@ -102,8 +102,7 @@ impl Held {
         sent_at: Instant,
     ) -> Arc<Self> {
         let Terms { lease, renew, .. } = terms;
-        // Checked when the lock was requested; counting on nothing is the safe answer otherwise.
-        let drift = core.backend.lease_margin(lease).unwrap_or(lease);
+        let drift = drift(core, lease);
         // One reading of the clock, as the hold is registered: the first step of a scoped
         // body is checked against it (see `LossCheck`).
         let now = Instant::now();
@@ -195,15 +194,14 @@ impl Held {
     /// loss of the lease on the local clock. Every hold is tracked from its acquisition except
     /// that of a scoped run ([`Terms::track_on_wait`]), tracked from the first time its body
     /// waits: a body that ends in its first poll is never tracked. The validity of an
-    /// untracked hold is still checked before each step of the body (`UnlessLost`).
+    /// untracked hold is still checked before each step of the body (`LossCheck`).
     pub(crate) fn watch(&self) {
         if self.watchdog_id.load(Ordering::Acquire) != UNTRACKED {
             return;
         }
         let core = &self.core;
         let lease = self.terms.lease;
-        // As in `Held::new`.
-        let drift = core.backend.lease_margin(lease).unwrap_or(lease);
+        let drift = drift(core, lease);
         // A fresh hold's `acquired_at` is when its request was sent.
         let (id, _) = core.watchdog.register(
             &self.key,
@@ -367,6 +365,12 @@ impl crate::lost::Validity for Held {
     fn is_lost(&self) -> bool {
         Held::is_lost(self)
     }
+}
+
+/// The part of `lease` not counted on (engine clock drift). Checked when the lock was
+/// requested; counting on nothing is the safe answer otherwise.
+fn drift(core: &Core, lease: Duration) -> Duration {
+    core.backend.lease_margin(lease).unwrap_or(lease)
 }
 
 /// What remains of a hold that keeps its key until `until`: `None` once it passed (or without

@@ -36,10 +36,7 @@ impl LostSignal {
     /// A signal whose confirmed validity runs until `valid_until`, made as the clock read
     /// `now` (see [`expired_when_made`](LostSignal::expired_when_made)).
     pub(crate) fn new(now: Instant, valid_until: Instant) -> Self {
-        let signal = Self {
-            base: now,
-            ..Self::default_at(now)
-        };
+        let signal = Self::default_at(now);
         signal.set_valid_until(valid_until);
         signal
     }

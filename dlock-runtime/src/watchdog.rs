@@ -102,14 +102,6 @@ pub(crate) struct Watchdog {
     observer: Arc<Observer>,
 }
 
-/// The lease state of a lock acquired with `lease` by a request sent at `sent_at`, counting
-/// on all of the lease but `drift`.
-pub(crate) fn signal(lease: Duration, drift: Duration, sent_at: Instant) -> Arc<LostSignal> {
-    let lost = Arc::new(LostSignal::default());
-    lost.set_valid_until(sent_at + lease.saturating_sub(drift));
-    lost
-}
-
 /// How early a renewal may go out to join a batch: a twelfth of the lease, so at most about
 /// four renewal calls per lock per `lease/3` interval whatever the acquisition pattern.
 fn coalesce_window(lease: Duration) -> Duration {
@@ -147,8 +139,8 @@ impl Watchdog {
     }
 
     /// Tracks a freshly acquired lock whose acquire request was sent at `sent_at`, with the
-    /// lease state `lost` if it has one already (made by [`signal`] with the same `lease`,
-    /// `drift` and `sent_at`), else a new one. Its id and lease state.
+    /// lease state `lost` if it has one already (validity `sent_at + lease - drift`), else a
+    /// new one. Its id and lease state.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn register(
         &self,
@@ -160,8 +152,8 @@ impl Watchdog {
         sent_at: Instant,
         lost: Option<Arc<LostSignal>>,
     ) -> (u64, Arc<LostSignal>) {
-        let lost = lost.unwrap_or_else(|| signal(lease, drift, sent_at));
         let valid_until = sent_at + lease.saturating_sub(drift);
+        let lost = lost.unwrap_or_else(|| Arc::new(LostSignal::new(Instant::now(), valid_until)));
         let mut owner_key = String::with_capacity(owner.len() + key.len());
         owner_key.push_str(owner);
         owner_key.push_str(key);
@@ -198,8 +190,7 @@ impl Watchdog {
     pub(crate) fn transfer(&self, id: u64) -> Option<Arc<LostSignal>> {
         let mut state = self.state();
         let entry = state.entries.get_mut(&id)?;
-        let lost = Arc::new(LostSignal::default());
-        lost.set_valid_until(entry.valid_until);
+        let lost = Arc::new(LostSignal::new(Instant::now(), entry.valid_until));
         entry.lost = lost.clone();
         Some(lost)
     }
