@@ -38,6 +38,8 @@ pub(crate) struct Injected {
     pub(crate) restarts: u32,
     /// When the last fault ended (a dead holder's lock is free a lease after that).
     pub(crate) last: Option<Instant>,
+    /// When the last engine restart ended (some engines extend leases then).
+    pub(crate) last_restart: Option<Instant>,
 }
 
 /// Injects `faults` into `pool` and `engine` until `end`; also replaces any worker that exited
@@ -87,6 +89,7 @@ pub(crate) async fn inject(
             Fault::Restart => {
                 engine.restart(rng, keys).await;
                 injected.restarts += 1;
+                injected.last_restart = Some(Instant::now());
             }
         }
         injected.last = Some(Instant::now());

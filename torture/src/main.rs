@@ -119,9 +119,11 @@ async fn run(options: Options) -> ExitCode {
     for &engine in &options.engines {
         let profile = Profile::of(engine);
         eprintln!(
-            "== {engine}: lease {:?}, dead holder freed within {:?}, pauses of {:?}",
+            "== {engine}: lease {:?}, dead holder freed within {:?} (+{:?} after a restart), \
+             pauses of {:?}",
             profile.lease,
             profile.dead_holder,
+            profile.restart_extends,
             profile.pause()
         );
         match run_engine(engine, &options, &mut rng).await {
@@ -191,9 +193,13 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
         (tally, failures, None)
     };
 
-    let last_fault = injected.and_then(|i: Injected| i.last);
-    if let Some(last) = last_fault {
-        let free_at = last + profile.dead_holder + KEYS_LEFT_SLACK;
+    if let Some(Injected {
+        last: Some(last),
+        last_restart,
+        ..
+    }) = injected
+    {
+        let free_at = profile.all_free_at(last, last_restart) + KEYS_LEFT_SLACK;
         tokio::time::sleep(free_at.saturating_duration_since(Instant::now())).await;
     }
     let rt = lock_engine.runtime().await?;
