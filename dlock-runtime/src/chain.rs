@@ -270,12 +270,20 @@ impl<F: Future> Future for InChain<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let held = this.scope.guard.as_ref().map(|g| &**g.held());
+        let held = this.scope.guard.as_ref().map(|g| g.held());
         if let (Some(check), Some(held)) = (this.check.as_mut(), held)
-            && !check.may_step(held)
+            && !check.may_step(&**held)
         {
             drop_in_level(this.fut.as_mut(), this.scope, this.span);
             return end(this.scope, None);
+        }
+        // A step the body may take without the watchdog tracking its hold (it has not
+        // waited yet): published, in case it blocks the thread past its first renewal.
+        if let (Some(check), Some(held)) = (this.check.as_ref(), held)
+            && !check.watching()
+            && held.is_untracked()
+        {
+            crate::watchdog::publish_first_step(held);
         }
         let polled = {
             let _entered = this.span.enter();

@@ -194,10 +194,13 @@ impl Held {
     /// loss of the lease on the local clock. Every hold is tracked from its acquisition except
     /// that of a scoped run ([`Terms::track_on_wait`]), tracked from the first time its body
     /// waits: a body that ends in its first poll is never tracked. The validity of an
-    /// untracked hold is still checked before each step of the body (`LossCheck`).
-    pub(crate) fn watch(&self) {
+    /// untracked hold is still checked before each step of the body (`LossCheck`), and a
+    /// first step that runs until its renewal falls due (a body blocking its thread) is
+    /// tracked by the watchdog itself (see `watchdog::first_step`). Whether this call made
+    /// the entry.
+    pub(crate) fn watch(&self) -> bool {
         if self.watchdog_id.load(Ordering::Acquire) != UNTRACKED {
-            return;
+            return false;
         }
         let core = &self.core;
         let lease = self.terms.lease;
@@ -216,10 +219,26 @@ impl Held {
             .watchdog_id
             .compare_exchange(UNTRACKED, id, Ordering::AcqRel, Ordering::Acquire)
         {
-            Ok(_) => {}
+            Ok(_) => true,
             // Ended meanwhile (or tracked by another caller): this entry is not needed.
-            Err(_) => core.watchdog.unregister(id),
+            Err(_) => {
+                core.watchdog.unregister(id);
+                false
+            }
         }
+    }
+
+    /// Whether the watchdog does not track this hold (yet: a scoped hold whose body has not
+    /// waited, see [`Held::watch`]).
+    pub(crate) fn is_untracked(&self) -> bool {
+        self.watchdog_id.load(Ordering::Acquire) == UNTRACKED
+    }
+
+    /// When the first renewal of this hold falls due: a third of the validity counted at its
+    /// registration, from the acquisition.
+    pub(crate) fn first_due(&self) -> Instant {
+        let valid_until = self.registered.1;
+        self.acquired_at + valid_until.saturating_duration_since(self.acquired_at) / 3
     }
 
     /// Its watchdog entry, tracked from now on if it was not (a hand-over passes the entry).

@@ -184,6 +184,11 @@ impl LossCheck {
         !(lease.is_lost() || expired)
     }
 
+    /// Whether the body has had to wait (its hold is tracked, and its lost signal watched).
+    pub(crate) fn watching(&self) -> bool {
+        self.watching.is_some()
+    }
+
     /// After a step that left the body waiting: whether the lease of `held` is known lost by
     /// now (the task is woken when it is). The first time, has the watchdog track the hold.
     pub(crate) fn lost_while_waiting(&mut self, held: &Held, cx: &mut Context<'_>) -> bool {

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -22,6 +22,9 @@ use tokio::time::Instant;
 use crate::backend::{DynBackend, Renewal};
 use crate::events::Observer;
 pub(crate) use crate::lost::LostSignal;
+
+mod first_step;
+pub(crate) use first_step::publish as publish_first_step;
 
 #[derive(Debug)]
 struct Entry {
@@ -88,7 +91,8 @@ impl Hasher for IdHasher {
 struct State {
     entries: HashMap<u64, Entry, BuildHasherDefault<IdHasher>>,
     next_id: u64,
-    /// The instant the scheduler sleeps until (`None`: indefinitely).
+    /// The instant the scheduler sleeps until (`None`: indefinitely); mirrored in
+    /// [`Watchdog::next_look`].
     next_wake: Option<Instant>,
 }
 
@@ -96,7 +100,11 @@ struct State {
 #[derive(Debug)]
 pub(crate) struct Watchdog {
     state: Mutex<State>,
-    wake: Notify,
+    /// [`State::next_wake`] in nanoseconds since `base` (`u64::MAX`: none), read without the
+    /// lock by a body publishing its first step (see [`Watchdog::look_by`]).
+    next_look: AtomicU64,
+    base: Instant,
+    wake: Arc<Notify>,
     closed: AtomicBool,
     /// Told of every renewal, failed renewal and loss.
     observer: Arc<Observer>,
@@ -127,9 +135,53 @@ impl Watchdog {
     pub(crate) fn new(observer: Arc<Observer>) -> Self {
         Self {
             state: Mutex::default(),
-            wake: Notify::new(),
+            next_look: AtomicU64::new(u64::MAX),
+            base: Instant::now(),
+            wake: Arc::new(Notify::new()),
             closed: AtomicBool::new(false),
             observer,
+        }
+    }
+
+    /// `at` in nanoseconds since `base`, for [`Watchdog::next_look`].
+    fn nanos(&self, at: Instant) -> u64 {
+        let nanos = at.saturating_duration_since(self.base).as_nanos();
+        u64::try_from(nanos).unwrap_or(u64::MAX - 1)
+    }
+
+    /// Plans the scheduler's next look at `at` (`None`: none), under the lock.
+    fn plan(&self, state: &mut State, at: Option<Instant>) {
+        state.next_wake = at;
+        let nanos = at.map_or(u64::MAX, |at| self.nanos(at));
+        self.next_look.store(nanos, Ordering::SeqCst);
+    }
+
+    /// Makes sure the scheduler looks by `at` (a scoped hold published in its first step
+    /// falls due then, see `first_step`). The body publishes before it reads the look planned;
+    /// the scheduler plans before it reads the published holds: one of them sees the other.
+    pub(crate) fn look_by(&self, at: Instant) {
+        if self.next_look.load(Ordering::SeqCst) <= self.nanos(at) {
+            return;
+        }
+        let mut state = self.state();
+        if state.next_wake.is_none_or(|w| at < w) {
+            self.plan(&mut state, Some(at));
+            drop(state);
+            self.wake_scheduler();
+        }
+    }
+
+    /// Wakes the scheduler task. On a worker of a multi-thread runtime, a task woken goes to
+    /// that worker's own next slot, which no other worker takes from: a caller that then blocks
+    /// its thread (a body's synchronous call) would keep the scheduler from running. So there
+    /// it is woken from a thread of the blocking pool, as from outside the runtime.
+    fn wake_scheduler(&self) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                let wake = self.wake.clone();
+                drop(handle.spawn_blocking(move || wake.notify_one()));
+            }
+            _ => self.wake.notify_one(),
         }
     }
 
@@ -175,11 +227,11 @@ impl Watchdog {
         state.entries.insert(id, entry);
         let sooner = state.next_wake.is_none_or(|w| look < w);
         if sooner {
-            state.next_wake = Some(look);
+            self.plan(&mut state, Some(look));
         }
         drop(state);
         if sooner {
-            self.wake.notify_one();
+            self.wake_scheduler();
         }
         (id, lost)
     }
@@ -257,7 +309,7 @@ impl Watchdog {
             // each time.
             next = state.next_wake.filter(|&at| at > now);
         }
-        state.next_wake = next;
+        self.plan(&mut state, next);
         Collected {
             batch,
             capped,
@@ -329,11 +381,20 @@ impl Watchdog {
                 return;
             }
             let now = Instant::now();
+            // Bodies still in a first step that is due: registered, so collected below.
+            first_step::sweep(&self, now);
             let Collected {
                 batch,
                 capped,
-                next,
+                mut next,
             } = self.collect(now);
+            // Planned (by `collect`) before the published first steps are read again.
+            if let (_, Some(due)) = first_step::sweep(&self, now) {
+                let mut state = self.state();
+                let planned = state.next_wake.map_or(due, |w| w.min(due));
+                self.plan(&mut state, Some(planned));
+                next = Some(planned);
+            }
             if !capped.is_empty() {
                 let Some(backend) = backend.upgrade() else {
                     return;

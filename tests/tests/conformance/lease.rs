@@ -138,6 +138,105 @@ pub(crate) async fn with_lock_bodies_keep_a_short_lease_alive(engine: Engine) {
     }
 }
 
+/// A holder that blocks its thread (a synchronous call inside async code) for several of the
+/// engine's shortest leases keeps the lease: the watchdog renews it from the runtime's other
+/// worker meanwhile. First a guard taken by hand, then a `with_lock` body that blocks in its
+/// first step (before the body ever waits). Another runtime finds the key busy throughout,
+/// each holder ends without a loss (the body's output returned), and the key is free after.
+pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine) {
+    let fixture = Fixture::start(engine).await;
+    let params = fixture.params();
+    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let lease = params.short_lease;
+
+    let key = "conformance:lease:blocking-guard";
+    let checks = while_blocking(&other, key, lease, |started, done| {
+        let rt = rt.clone();
+        async move {
+            let guard = rt.lock(key).lease(lease).acquire().await?;
+            started.store(true, Ordering::Release);
+            std::thread::sleep(params.hold_for);
+            done.store(true, Ordering::Release);
+            guard.release().await.map(|()| 7)
+        }
+    })
+    .await;
+    assert_eq!(
+        checks
+            .0
+            .map_err(|e| format!("{engine:?}: guard by hand: {e:?}")),
+        Ok(7)
+    );
+    assert!(checks.1 >= 10, "{engine:?}: only {} checks", checks.1);
+    assert_free(&other, key, "after the blocking holder released").await;
+
+    let key = "conformance:lease:blocking-body";
+    let checks = while_blocking(&other, key, lease, |started, done| {
+        with_lock(rt.lock(key).lease(lease), async move {
+            started.store(true, Ordering::Release);
+            // No await until it returns.
+            std::thread::sleep(params.hold_for);
+            done.store(true, Ordering::Release);
+            7
+        })
+    })
+    .await;
+    assert_eq!(
+        checks
+            .0
+            .map_err(|e| format!("{engine:?}: with_lock: {e:?}")),
+        Ok(7)
+    );
+    assert!(checks.1 >= 10, "{engine:?}: only {} checks", checks.1);
+    assert_free(&other, key, "after the blocking body returned").await;
+}
+
+/// Runs `holder` (given a flag to set once it holds `key`, and one to set when it is done) as
+/// a task, which blocks one worker of the test's runtime, while a checker on timers alone (a
+/// task woken from the blocked worker would wait in that worker's own slot until it is free)
+/// asserts every 250 ms that `other` finds `key` busy. The holder's outcome, and the checks.
+async fn while_blocking<F>(
+    other: &dlock_tests::Runtime,
+    key: &'static str,
+    lease: Duration,
+    holder: impl FnOnce(Arc<AtomicBool>, Arc<AtomicBool>) -> F,
+) -> (Result<i32, LockError>, u32)
+where
+    F: Future<Output = Result<i32, LockError>> + Send + 'static,
+{
+    let started = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let checker = {
+        let (other, started, done) = (other.clone(), started.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut checks = 0;
+            let mut since = None;
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                if done.load(Ordering::Acquire) {
+                    break;
+                }
+                if !started.load(Ordering::Acquire) {
+                    continue;
+                }
+                let since = *since.get_or_insert_with(Instant::now);
+                let when = format!(
+                    "{:?} into a hold blocking its thread (lease {lease:?})",
+                    since.elapsed()
+                );
+                assert_busy(&other, key, &when).await;
+                checks += 1;
+            }
+            checks
+        })
+    };
+    let outcome = tokio::spawn(holder(started, done.clone()))
+        .await
+        .expect("the holder task");
+    done.store(true, Ordering::Release);
+    (outcome, checker.await.expect("the checker"))
+}
+
 /// Without the watchdog, the engine's shortest lease is a hard cap: `lost()` resolves about one
 /// lease after the acquisition, a waiter on another runtime gets the key then (with a greater
 /// fence), the expired holder's release does not free the new holder's lock, and `with_lock`

@@ -77,6 +77,7 @@ conformance!(
     waiting::release_wakes_a_waiter_long_before_the_lease,
     lease::watchdog_keeps_a_short_lease_alive,
     lease::with_lock_bodies_keep_a_short_lease_alive,
+    lease::a_holder_blocking_its_thread_keeps_its_lease,
     lease::watchdog_off_lease_is_a_hard_cap,
     lease::deleted_key_is_lost,
     fencing::fences_strictly_increase_across_holders,

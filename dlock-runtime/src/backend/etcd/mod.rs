@@ -313,6 +313,26 @@ impl EtcdBackend {
     }
 }
 
+impl EtcdBackend {
+    /// [`EtcdBackend::queue`], then one yield. etcd answers over an HTTP/2 connection whose
+    /// task the caller wakes last (flow-control updates as it reads the answer), and on a
+    /// multi-thread runtime a task woken from a worker waits in that worker's own next slot,
+    /// which no other worker takes from: a holder that then blocks its thread (a synchronous
+    /// call in its body) would keep the connection, and every keep-alive and renewal over it,
+    /// from running until it returns. The yield lets the worker run it first (a task switch,
+    /// against the milliseconds of the Raft write).
+    async fn queue_then_yield(
+        &self,
+        key: &str,
+        owner: &str,
+        ask: Queueing,
+    ) -> Result<Queued, LockError> {
+        let queued = self.queue(key, owner, ask).await;
+        tokio::task::yield_now().await;
+        queued
+    }
+}
+
 impl Backend for EtcdBackend {
     fn has_queue(&self) -> bool {
         // Waiting happens in etcd's own queue (`acquire_queued`), watching the predecessor.
@@ -327,7 +347,7 @@ impl Backend for EtcdBackend {
             renew: false,
             deadline: Instant::now(),
         };
-        Ok(self.queue(key, owner, ask).await?.attempt)
+        Ok(self.queue_then_yield(key, owner, ask).await?.attempt)
     }
 
     async fn acquire_queued(
@@ -336,7 +356,7 @@ impl Backend for EtcdBackend {
         owner: &str,
         ask: Queueing,
     ) -> Result<Queued, LockError> {
-        self.queue(key, owner, ask).await
+        self.queue_then_yield(key, owner, ask).await
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {
