@@ -150,7 +150,7 @@ pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine)
     let lease = params.short_lease;
 
     let key = "conformance:lease:blocking-guard";
-    let checks = while_blocking(&other, key, lease, |started, done| {
+    while_blocking(&other, (engine, key, lease), |started, done| {
         let rt = rt.clone();
         async move {
             let guard = rt.lock(key).lease(lease).acquire().await?;
@@ -161,17 +161,9 @@ pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine)
         }
     })
     .await;
-    assert_eq!(
-        checks
-            .0
-            .map_err(|e| format!("{engine:?}: guard by hand: {e:?}")),
-        Ok(7)
-    );
-    assert!(checks.1 >= 10, "{engine:?}: only {} checks", checks.1);
-    assert_free(&other, key, "after the blocking holder released").await;
 
     let key = "conformance:lease:blocking-body";
-    let checks = while_blocking(&other, key, lease, |started, done| {
+    while_blocking(&other, (engine, key, lease), |started, done| {
         with_lock(rt.lock(key).lease(lease), async move {
             started.store(true, Ordering::Release);
             // No await until it returns.
@@ -181,27 +173,18 @@ pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine)
         })
     })
     .await;
-    assert_eq!(
-        checks
-            .0
-            .map_err(|e| format!("{engine:?}: with_lock: {e:?}")),
-        Ok(7)
-    );
-    assert!(checks.1 >= 10, "{engine:?}: only {} checks", checks.1);
-    assert_free(&other, key, "after the blocking body returned").await;
 }
 
 /// Runs `holder` (given a flag to set once it holds `key`, and one to set when it is done) as
 /// a task, which blocks one worker of the test's runtime, while a checker on timers alone (a
 /// task woken from the blocked worker would wait in that worker's own slot until it is free)
-/// asserts every 250 ms that `other` finds `key` busy. The holder's outcome, and the checks.
+/// asserts every 250 ms that `other` finds `key` busy. Then asserts that the holder returned
+/// `Ok(7)` (no loss), that the checker ran at least 10 times, and that `key` is free.
 async fn while_blocking<F>(
     other: &dlock_tests::Runtime,
-    key: &'static str,
-    lease: Duration,
+    (engine, key, lease): (Engine, &'static str, Duration),
     holder: impl FnOnce(Arc<AtomicBool>, Arc<AtomicBool>) -> F,
-) -> (Result<i32, LockError>, u32)
-where
+) where
     F: Future<Output = Result<i32, LockError>> + Send + 'static,
 {
     let started = Arc::new(AtomicBool::new(false));
@@ -234,7 +217,13 @@ where
         .await
         .expect("the holder task");
     done.store(true, Ordering::Release);
-    (outcome, checker.await.expect("the checker"))
+    let checks = checker.await.expect("the checker");
+    assert_eq!(
+        outcome.map_err(|e| format!("{engine:?}: {key}: {e:?}")),
+        Ok(7)
+    );
+    assert!(checks >= 10, "{engine:?}: {key}: only {checks} checks");
+    assert_free(other, key, "after the blocking holder ended").await;
 }
 
 /// Without the watchdog, the engine's shortest lease is a hard cap: `lost()` resolves about one
