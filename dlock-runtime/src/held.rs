@@ -25,6 +25,9 @@ pub(crate) struct Held {
     /// The clock's reading when the hold was registered, and the validity confirmed then (what
     /// the lost signal is made from).
     registered: (Instant, Instant),
+    /// The part of the lease counted on (the lease less the engine's clock-drift allowance):
+    /// renewals come every third of it.
+    pub(crate) effective: Duration,
     /// Its watchdog entry: an id, [`UNTRACKED`] (a scoped hold whose body has not waited yet,
     /// see [`Held::watch`]) or [`UNTRACKED_ENDED`].
     watchdog_id: AtomicU64,
@@ -126,7 +129,7 @@ impl Held {
             fences_end,
             terms,
             (watchdog_id, sent_at),
-            (lost, (now, valid_until)),
+            (lost, (now, valid_until), lease.saturating_sub(drift)),
         )
     }
 
@@ -149,7 +152,11 @@ impl Held {
             baton.fences_end,
             terms,
             (baton.watchdog_id, now),
-            (Some(lost), (now, now)),
+            (
+                Some(lost),
+                (now, now),
+                terms.lease.saturating_sub(drift(core, terms.lease)),
+            ),
         )
     }
 
@@ -162,7 +169,7 @@ impl Held {
         fences_end: u64,
         terms: Terms,
         (watchdog_id, acquired_at): (u64, Instant),
-        (lost, registered): (Option<Arc<LostSignal>>, (Instant, Instant)),
+        (lost, registered, effective): (Option<Arc<LostSignal>>, (Instant, Instant), Duration),
     ) -> Arc<Self> {
         // Made with its value where there is one: no synchronisation to set it.
         let signal = lost.map_or_else(OnceCell::new, OnceCell::with_value);
@@ -174,6 +181,7 @@ impl Held {
             fence,
             signal,
             registered,
+            effective,
             watchdog_id: AtomicU64::new(watchdog_id),
             terms,
             fences_end,
@@ -234,11 +242,10 @@ impl Held {
         self.watchdog_id.load(Ordering::Acquire) == UNTRACKED
     }
 
-    /// When the first renewal of this hold falls due: a third of the validity counted at its
-    /// registration, from the acquisition.
+    /// When the first renewal of this hold falls due: a third of its effective lease after
+    /// the acquisition.
     pub(crate) fn first_due(&self) -> Instant {
-        let valid_until = self.registered.1;
-        self.acquired_at + valid_until.saturating_duration_since(self.acquired_at) / 3
+        self.acquired_at + self.effective / 3
     }
 
     /// Its watchdog entry, tracked from now on if it was not (a hand-over passes the entry).

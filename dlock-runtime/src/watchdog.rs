@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -91,23 +91,33 @@ impl Hasher for IdHasher {
 struct State {
     entries: HashMap<u64, Entry, BuildHasherDefault<IdHasher>>,
     next_id: u64,
-    /// The instant the scheduler sleeps until (`None`: indefinitely); mirrored in
-    /// [`Watchdog::next_look`].
+    /// The instant the scheduler sleeps until (`None`: indefinitely).
     next_wake: Option<Instant>,
+    /// The look a body publishing its first step asked for since the scheduler last read the
+    /// slots (see [`Watchdog::cover_first_step`]).
+    first_step_look: Option<Instant>,
 }
 
 /// The renewal scheduler of one runtime.
 #[derive(Debug)]
 pub(crate) struct Watchdog {
     state: Mutex<State>,
-    /// [`State::next_wake`] in nanoseconds since `base` (`u64::MAX`: none), read without the
-    /// lock by a body publishing its first step (see [`Watchdog::look_by`]).
-    next_look: AtomicU64,
-    base: Instant,
-    wake: Arc<Notify>,
+    /// Whether the scheduler looks at the scoped holds published in their first step at least
+    /// once every `first_step_period` (see `first_step`).
+    first_steps: AtomicBool,
+    /// That period, in nanoseconds.
+    first_step_period: AtomicU64,
+    wake: Notify,
+    /// The thread that wakes the scheduler task at each look it plans (see [`clock`]).
+    clock: OnceLock<std::thread::Thread>,
     closed: AtomicBool,
     /// Told of every renewal, failed renewal and loss.
     observer: Arc<Observer>,
+}
+
+/// `d` in nanoseconds (saturating).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// How early a renewal may go out to join a batch: a twelfth of the lease, so at most about
@@ -135,35 +145,39 @@ impl Watchdog {
     pub(crate) fn new(observer: Arc<Observer>) -> Self {
         Self {
             state: Mutex::default(),
-            next_look: AtomicU64::new(u64::MAX),
-            base: Instant::now(),
-            wake: Arc::new(Notify::new()),
+            first_steps: AtomicBool::new(false),
+            first_step_period: AtomicU64::new(u64::MAX),
+            wake: Notify::new(),
+            clock: OnceLock::new(),
             closed: AtomicBool::new(false),
             observer,
         }
     }
 
-    /// `at` in nanoseconds since `base`, for [`Watchdog::next_look`].
-    fn nanos(&self, at: Instant) -> u64 {
-        let nanos = at.saturating_duration_since(self.base).as_nanos();
-        u64::try_from(nanos).unwrap_or(u64::MAX - 1)
-    }
-
-    /// Plans the scheduler's next look at `at` (`None`: none), under the lock.
-    fn plan(&self, state: &mut State, at: Option<Instant>) {
-        state.next_wake = at;
-        let nanos = at.map_or(u64::MAX, |at| self.nanos(at));
-        self.next_look.store(nanos, Ordering::SeqCst);
-    }
-
-    /// Makes sure the scheduler looks by `at` (a scoped hold published in its first step
-    /// falls due then, see `first_step`). The body publishes before it reads the look planned;
-    /// the scheduler plans before it reads the published holds: one of them sees the other.
-    pub(crate) fn look_by(&self, at: Instant) {
-        if self.next_look.load(Ordering::SeqCst) <= self.nanos(at) {
+    /// A scoped hold whose renewals come every third of `effective` was published in its
+    /// first step: the scheduler must look at it by then. Two loads when it looks often enough
+    /// already.
+    pub(crate) fn first_step_published(&self, effective: Duration) {
+        let interval = nanos(effective / 3);
+        if self.first_steps.load(Ordering::SeqCst)
+            && self.first_step_period.load(Ordering::Relaxed) <= interval
+        {
             return;
         }
+        self.cover_first_step(interval);
+    }
+
+    /// Has the scheduler look at the first steps at least every `interval` nanoseconds, the
+    /// first time within that long.
+    #[cold]
+    fn cover_first_step(&self, interval: u64) {
+        self.first_step_period
+            .fetch_min(interval, Ordering::Relaxed);
+        let at = Instant::now() + Duration::from_nanos(interval);
         let mut state = self.state();
+        self.first_steps.store(true, Ordering::SeqCst);
+        // Kept apart from `next_wake`, which the scheduler recomputes: its next look counts it.
+        state.first_step_look = Some(state.first_step_look.map_or(at, |l| l.min(at)));
         if state.next_wake.is_none_or(|w| at < w) {
             self.plan(&mut state, Some(at));
             drop(state);
@@ -171,17 +185,29 @@ impl Watchdog {
         }
     }
 
-    /// Wakes the scheduler task. On a worker of a multi-thread runtime, a task woken goes to
-    /// that worker's own next slot, which no other worker takes from: a caller that then blocks
-    /// its thread (a body's synchronous call) would keep the scheduler from running. So there
-    /// it is woken from a thread of the blocking pool, as from outside the runtime.
-    fn wake_scheduler(&self) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                let wake = self.wake.clone();
-                drop(handle.spawn_blocking(move || wake.notify_one()));
+    /// Plans the scheduler's next look at `at` (`None`: none), telling the clock thread when
+    /// that changes it.
+    fn plan(&self, state: &mut State, at: Option<Instant>) {
+        if state.next_wake != at {
+            state.next_wake = at;
+            if let Some(clock) = self.clock.get() {
+                clock.unpark();
             }
-            _ => self.wake.notify_one(),
+        }
+    }
+
+    /// Has the scheduler task look at the plan again, now sooner. On a multi-thread runtime
+    /// that is the clock thread's work ([`clock`]): a task woken from a worker waits in that
+    /// worker's own next slot, which no other worker takes from, so a caller that then blocks
+    /// its thread (a body's synchronous call) would keep the scheduler from running. Woken from
+    /// outside the runtime, it runs on another worker, which then drives the runtime's timers
+    /// and sockets if the blocked one did. Elsewhere (a current-thread runtime, tests on a
+    /// paused clock) the task is woken at once.
+    fn wake_scheduler(&self) {
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if !multi_thread || self.clock.get().is_none() {
+            self.wake.notify_one();
         }
     }
 
@@ -260,6 +286,9 @@ impl Watchdog {
     /// Ends the scheduler task.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        if let Some(clock) = self.clock.get() {
+            clock.unpark();
+        }
         self.wake.notify_one();
     }
 
@@ -308,6 +337,9 @@ impl Watchdog {
             // then anyway), so taking and releasing locks in a row does not wake the scheduler
             // each time.
             next = state.next_wake.filter(|&at| at > now);
+        }
+        if let Some(asked) = state.first_step_look {
+            next = Some(next.map_or(asked, |n| n.min(asked)));
         }
         self.plan(&mut state, next);
         Collected {
@@ -376,24 +408,40 @@ impl Watchdog {
 
     /// The scheduler loop. Holds the backend weakly: the runtime's drop ends it.
     pub(crate) async fn run(self: Arc<Self>, backend: Weak<dyn DynBackend>, batch_limit: usize) {
+        self.start_clock();
         loop {
             if self.closed.load(Ordering::Acquire) {
                 return;
             }
             let now = Instant::now();
-            // Bodies still in a first step that is due: registered, so collected below.
-            first_step::sweep(&self, now);
+            // Cleared before the slots are read: a body publishing afterwards has it set again
+            // (see `first_step`). The first steps due are registered, so collected below.
+            {
+                let mut state = self.state();
+                state.first_step_look = None;
+                self.first_steps.store(false, Ordering::SeqCst);
+            }
+            let first_steps = first_step::sweep(&self, now);
             let Collected {
                 batch,
                 capped,
                 mut next,
             } = self.collect(now);
-            // Planned (by `collect`) before the published first steps are read again.
-            if let (_, Some(due)) = first_step::sweep(&self, now) {
+            if let Some(period) = first_steps.period {
+                // Bodies still in their first step: looked at again within the period.
+                self.first_step_period
+                    .store(nanos(period), Ordering::Relaxed);
+                self.first_steps.store(true, Ordering::SeqCst);
+                let look = first_steps
+                    .earliest
+                    .unwrap_or(now + period)
+                    .min(now + period);
                 let mut state = self.state();
-                let planned = state.next_wake.map_or(due, |w| w.min(due));
+                let planned = state.next_wake.map_or(look, |w| w.min(look));
                 self.plan(&mut state, Some(planned));
                 next = Some(planned);
+            } else {
+                self.first_step_period.store(u64::MAX, Ordering::Relaxed);
             }
             if !capped.is_empty() {
                 let Some(backend) = backend.upgrade() else {
@@ -449,6 +497,63 @@ impl Watchdog {
                 }
                 None => self.wake.notified().await,
             }
+        }
+    }
+}
+
+impl Watchdog {
+    /// Starts the clock thread (see [`clock`]); without one, the scheduler task is woken
+    /// directly and by its own timer only.
+    fn start_clock(self: &Arc<Self>) {
+        let watchdog = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("dlock-watchdog".into())
+            .spawn(move || clock(&watchdog));
+        match spawned {
+            Ok(thread) => {
+                // Set once, here; the thread reads the plan itself when it starts.
+                let _ = self.clock.set(thread.thread().clone());
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "no watchdog clock thread: renewals wait on the runtime's own timers");
+            }
+        }
+    }
+}
+
+/// The clock thread of a watchdog: wakes the scheduler task, from outside the runtime, when
+/// each look it planned comes (once per planned look), so that it runs on a worker that is not
+/// blocked, and that worker drives the runtime's timers and sockets if the one that did is
+/// blocked (tokio leaves them to the worker that parked last). The task also sleeps on its
+/// own timer (which follows tokio's clock when a test pauses it). Ends with the watchdog.
+fn clock(watchdog: &Weak<Watchdog>) {
+    let mut woken_for: Option<Instant> = None;
+    loop {
+        let Some(wd) = watchdog.upgrade() else {
+            return;
+        };
+        if wd.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let next = wd.state().next_wake;
+        let wait = match next {
+            Some(at) if Some(at) != woken_for => {
+                let left = at.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    wd.wake.notify_one();
+                    woken_for = Some(at);
+                    None
+                } else {
+                    Some(left)
+                }
+            }
+            // Nothing planned, or woken for it already: until the plan changes.
+            _ => None,
+        };
+        drop(wd);
+        match wait {
+            Some(left) => std::thread::park_timeout(left),
+            None => std::thread::park(),
         }
     }
 }

@@ -221,3 +221,74 @@ async fn foreign_value_at_one_key_loses_only_that_lock_of_the_renewal_batch() {
         guard.release().await.expect("release");
     }
 }
+
+/// Two bodies block their threads in their first step (a synchronous call before any await):
+/// one with a 30 s lease (renewal interval 10 s), then, once the watchdog has seen it, one with
+/// a 1 s lease. The second is renewed all the same: the watchdog, which looked at the first
+/// one's hold only every 10 s, is asked to look every third of a second. Another runtime finds
+/// its key busy throughout, and both calls return their output.
+///
+/// The second body is started, and the key checked, from a thread and tokio runtime of their
+/// own: a blocked worker may be the one that was serving the test runtime's timers and sockets
+/// (tokio leaves them to the worker that parked last), which then wait until another worker
+/// parks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_short_lease_blocking_its_first_step_after_a_long_one_is_renewed() {
+    let (server, rt) = redis_with_runtime().await;
+    let url = server.url();
+    let blocking = move |key: &'static str, lease: Duration, block: Duration| {
+        dlock_runtime::with_lock(rt.lock(key).lease(lease), async move {
+            // No await until it returns.
+            std::thread::sleep(block);
+            key
+        })
+    };
+    let long = tokio::spawn(blocking(
+        "watchdog:first-step-long",
+        Duration::from_secs(30),
+        Duration::from_secs(7),
+    ));
+    let key = "watchdog:first-step-short";
+    let handle = tokio::runtime::Handle::current();
+    let start_short = blocking.clone();
+    let check = move || {
+        let checker = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the checker's runtime");
+        checker.block_on(async {
+            let other = Runtime::from_url(&url).await.expect("runtime");
+            // The watchdog looks at the first body meanwhile (it asked to as it was published).
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let short = handle.spawn(start_short(
+                key,
+                Duration::from_secs(1),
+                Duration::from_secs(5),
+            ));
+            let started = Instant::now();
+            let mut checks = 0;
+            // Until about 3 s, well before the body ends (5 s).
+            while started.elapsed() < Duration::from_millis(2750) {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let at = started.elapsed();
+                let taken = other.lock(key).wait(Duration::ZERO).acquire().await;
+                assert!(
+                    taken.as_ref().is_err_and(|e| e.is_timeout()),
+                    "{at:?} into the 1 s lease's blocking body, another runtime got: {taken:?}"
+                );
+                checks += 1;
+            }
+            (short, checks)
+        })
+    };
+    // Blocks this thread (the test's main thread, not a worker) until the checks are done.
+    let (short, checks) = std::thread::spawn(check)
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    assert!(checks >= 9, "only {checks} checks");
+    assert_eq!(short.await.expect("task").expect("short lease"), key);
+    assert_eq!(
+        long.await.expect("task").expect("long lease"),
+        "watchdog:first-step-long"
+    );
+}

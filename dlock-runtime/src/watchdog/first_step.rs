@@ -4,42 +4,35 @@
 //! most bodies end in their first step and are never registered. A body may instead block its
 //! thread in that step (a synchronous call in async code) for longer than a third of its
 //! lease, and the watchdog, running on another worker, must renew it all the same. So while a
-//! body takes its first step, its hold is published in a slot of the polling thread, with its
-//! watchdog and the instant its first renewal falls due; the watchdog plans a look by then
-//! ([`Watchdog::look_by`]), and at that look registers every hold of its own published in a
-//! slot and due (from then on renewed like any other). A hold whose first step is over by then
-//! was registered by its body, or has ended: registering it again does nothing.
+//! body takes its first step, its hold is published in a slot of the polling thread. While
+//! holds of its own are published, the watchdog looks at the slots at least once a period no
+//! longer than the shortest of their renewal intervals, and registers those whose first
+//! renewal is due (from then on renewed like any other). A body publishing a hold whose
+//! renewal interval is shorter than that period, or when the watchdog is not looking, has it
+//! look ([`Watchdog::cover_first_step`]); any other publication costs one short lock and two
+//! loads.
 //!
 //! A slot keeps its last hold (a weak reference) until the next publication on its thread or
-//! the watchdog's look, so that publishing costs one short lock and no withdrawal. Ordering:
-//! the body publishes, then reads the look planned; the watchdog plans its look, then reads
-//! the slots (see [`Watchdog::look_by`]), so either the body sees a look planned too late and
-//! asks for an earlier one, or the watchdog sees the hold.
+//! the watchdog's look: there is nothing to withdraw. Ordering: the body publishes, then reads
+//! whether the watchdog is looking; the watchdog clears that flag, then reads the slots: either
+//! the body sees the flag cleared and has it look, or the watchdog sees the hold.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::Watchdog;
 use crate::held::Held;
 
-/// One thread's slot.
+/// One thread's slot: the last hold published on the thread.
 #[derive(Default)]
 struct Slot {
-    published: Mutex<Option<Published>>,
-}
-
-/// A hold published in a slot.
-struct Published {
-    held: Weak<Held>,
-    /// Its watchdog's address (which runtime's it is).
-    watchdog: usize,
-    /// When its first renewal falls due.
-    due: Instant,
+    published: Mutex<Option<Weak<Held>>>,
 }
 
 impl Slot {
-    fn published(&self) -> MutexGuard<'_, Option<Published>> {
+    fn published(&self) -> MutexGuard<'_, Option<Weak<Held>>> {
         // One field replaced at a time: a poisoned lock is consistent.
         self.published
             .lock()
@@ -91,57 +84,66 @@ thread_local! {
     static SLOT: ThreadSlot = ThreadSlot::take();
 }
 
-fn address(watchdog: &Watchdog) -> usize {
-    std::ptr::from_ref(watchdog) as usize
-}
-
 /// Publishes the hold `held`, whose body is about to take its first step, for its watchdog
 /// (see the module). A thread that is ending has no slot: its hold is registered at once.
 pub(crate) fn publish(held: &Arc<Held>) {
-    let watchdog = &held.core.watchdog;
-    let due = held.first_due();
     let published = SLOT.try_with(|slot| {
-        *slot.0.published() = Some(Published {
-            held: Arc::downgrade(held),
-            watchdog: address(watchdog),
-            due,
-        });
+        *slot.0.published() = Some(Arc::downgrade(held));
     });
     match published {
-        Ok(()) => watchdog.look_by(due),
+        Ok(()) => held.core.watchdog.first_step_published(held.effective),
         Err(_) => {
             held.watch();
         }
     }
 }
 
-/// Registers the holds of `watchdog` published in a slot and due by `by`. Whether it
-/// registered any, and the earliest due of those published and not due yet.
-pub(super) fn sweep(watchdog: &Watchdog, by: Instant) -> (bool, Option<Instant>) {
-    let me = address(watchdog);
+/// What the watchdog's look at the slots found.
+#[derive(Debug, Default)]
+pub(super) struct Sweep {
+    /// The shortest renewal interval of its holds still in their first step (none left:
+    /// `None`).
+    pub(super) period: Option<Duration>,
+    /// The earliest first renewal among them.
+    pub(super) earliest: Option<Instant>,
+}
+
+/// Registers the holds of `watchdog` published in a slot whose first renewal is due by `by`,
+/// and drops from the slots the holds that are gone or registered already.
+pub(super) fn sweep(watchdog: &Arc<Watchdog>, by: Instant) -> Sweep {
     let all = slots().all.clone();
     let mut due = Vec::new();
-    let mut earliest: Option<Instant> = None;
+    let mut found = Sweep::default();
     for slot in &all {
         let mut published = slot.published();
-        match published.as_ref() {
-            Some(p) if p.watchdog == me && p.due <= by => {
-                if let Some(p) = published.take() {
-                    due.push(p.held);
+        let Some(held) = published.as_ref().map(Weak::upgrade) else {
+            continue;
+        };
+        match held {
+            Some(held) if Arc::ptr_eq(&held.core.watchdog, watchdog) => {
+                if !held.is_untracked() {
+                    // Registered by its body (or ended): no longer this slot's concern.
+                    published.take();
+                } else if held.first_due() <= by {
+                    published.take();
+                    due.push(held);
+                } else {
+                    let interval = held.effective / 3;
+                    found.period = Some(found.period.map_or(interval, |p| p.min(interval)));
+                    let at = held.first_due();
+                    found.earliest = Some(found.earliest.map_or(at, |e| e.min(at)));
                 }
             }
-            Some(p) if p.watchdog == me => {
-                earliest = Some(earliest.map_or(p.due, |e| e.min(p.due)));
+            // Another runtime's.
+            Some(_) => {}
+            None => {
+                published.take();
             }
-            _ => {}
         }
     }
     // Outside the slots' locks: registering takes the watchdog's.
-    let mut registered = false;
     for held in due {
-        if let Some(held) = held.upgrade() {
-            registered |= held.watch();
-        }
+        held.watch();
     }
-    (registered, earliest)
+    found
 }

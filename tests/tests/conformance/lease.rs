@@ -150,7 +150,7 @@ pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine)
     let lease = params.short_lease;
 
     let key = "conformance:lease:blocking-guard";
-    while_blocking(&other, (engine, key, lease), |started, done| {
+    while_blocking(&fixture, &other, (key, lease), |started, done| {
         let rt = rt.clone();
         async move {
             let guard = rt.lock(key).lease(lease).acquire().await?;
@@ -163,7 +163,7 @@ pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine)
     .await;
 
     let key = "conformance:lease:blocking-body";
-    while_blocking(&other, (engine, key, lease), |started, done| {
+    while_blocking(&fixture, &other, (key, lease), |started, done| {
         with_lock(rt.lock(key).lease(lease), async move {
             started.store(true, Ordering::Release);
             // No await until it returns.
@@ -176,48 +176,56 @@ pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine)
 }
 
 /// Runs `holder` (given a flag to set once it holds `key`, and one to set when it is done) as
-/// a task, which blocks one worker of the test's runtime, while a checker on timers alone (a
-/// task woken from the blocked worker would wait in that worker's own slot until it is free)
-/// asserts every 250 ms that `other` finds `key` busy. Then asserts that the holder returned
-/// `Ok(7)` (no loss), that the checker ran at least 10 times, and that `key` is free.
+/// a task, which blocks one worker of the test's runtime, while a checker asserts every 250 ms
+/// that another runtime of `fixture` finds `key` busy. The checker has a thread and a tokio
+/// runtime of its own: a worker blocked by the holder may be the one that was serving the test
+/// runtime's timers and sockets (tokio leaves them to the worker that parked last), which then
+/// wait until another worker parks. Then asserts that the holder returned `Ok(7)` (no loss),
+/// that the checker ran at least 10 times, and that `key` is free for `other`.
 async fn while_blocking<F>(
+    fixture: &Fixture,
     other: &dlock_tests::Runtime,
-    (engine, key, lease): (Engine, &'static str, Duration),
+    (key, lease): (&'static str, Duration),
     holder: impl FnOnce(Arc<AtomicBool>, Arc<AtomicBool>) -> F,
 ) where
     F: Future<Output = Result<i32, LockError>> + Send + 'static,
 {
+    let engine = fixture.engine;
     let started = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));
-    let checker = {
-        let (other, started, done) = (other.clone(), started.clone(), done.clone());
-        tokio::spawn(async move {
-            let mut checks = 0;
-            let mut since = None;
-            loop {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                if done.load(Ordering::Acquire) {
-                    break;
+    let holding = tokio::spawn(holder(started.clone(), done.clone()));
+    let check = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the checker's runtime")
+            .block_on(async {
+                let other = fixture.runtime().await;
+                let mut checks = 0;
+                let mut since = None;
+                loop {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    if done.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if !started.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    let since = *since.get_or_insert_with(Instant::now);
+                    let when = format!(
+                        "{:?} into a hold blocking its thread (lease {lease:?})",
+                        since.elapsed()
+                    );
+                    assert_busy(&other, key, &when).await;
+                    checks += 1;
                 }
-                if !started.load(Ordering::Acquire) {
-                    continue;
-                }
-                let since = *since.get_or_insert_with(Instant::now);
-                let when = format!(
-                    "{:?} into a hold blocking its thread (lease {lease:?})",
-                    since.elapsed()
-                );
-                assert_busy(&other, key, &when).await;
-                checks += 1;
-            }
-            checks
-        })
+                checks
+            })
     };
-    let outcome = tokio::spawn(holder(started, done.clone()))
-        .await
-        .expect("the holder task");
-    done.store(true, Ordering::Release);
-    let checks = checker.await.expect("the checker");
+    // Blocks this thread (the test's main thread, not a worker) until the holder is done.
+    let checks = std::thread::scope(|s| s.spawn(check).join());
+    let outcome = holding.await.expect("the holder task");
+    let checks = checks.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     assert_eq!(
         outcome.map_err(|e| format!("{engine:?}: {key}: {e:?}")),
         Ok(7)
