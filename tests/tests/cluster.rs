@@ -718,6 +718,19 @@ async fn frozen_master_fails_over_and_the_runtime_resumes_on_the_promoted_replic
         .lease(LONG_LEASE)
         .held("acquire")
         .await;
+    // Replication is asynchronous: a lock the replica never received is lost in a failover,
+    // which is not what this test is about.
+    let replica = *cluster
+        .replicas_of(master)
+        .await
+        .first()
+        .expect("the master has a replica");
+    eventually(
+        Duration::from_secs(3),
+        "the lock hash reaches the replica",
+        || async { cluster.exists_on(replica, &lock_key(&keys[0])).await },
+    )
+    .await;
     cluster.pause(master);
     let failover = cluster.wait_for_failover(master).await;
     println!(
