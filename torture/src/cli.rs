@@ -15,7 +15,7 @@ usage: torture [--engine ENGINE] [--procs P] [--tasks T] [--seconds S] [--sectio
   --tasks T        tasks per worker, each taking locks in a loop (default 4)
   --seconds S      how long the workers run per engine (default 20)
   --sections N     and until at least N critical sections ended (default 0)
-  --faults LIST    comma-separated: kill, pause, restart; or none (default kill,pause,restart)
+  --faults LIST    comma-separated: kill, pause, restart, block; or none (default all four)
   --keys K         keys the tasks contend for (default 3)
   --seed N         seed of the fault injector's choices (default: from the clock, printed)
   --mode MODE      exclusive (default): fenced read-modify-writes under the lock;
@@ -148,16 +148,21 @@ pub(crate) enum Fault {
     Pause,
     /// Restart the lock engine (or one of its nodes).
     Restart,
+    /// A task blocks its thread (a synchronous sleep, no await) at the start of a section, for
+    /// one and a half leases: its lock must stay renewed meanwhile. Done by the workers
+    /// themselves, one section in 200, at most one task of a process at a time.
+    Block,
 }
 
 impl Fault {
-    pub(crate) const ALL: [Fault; 3] = [Fault::Kill, Fault::Pause, Fault::Restart];
+    pub(crate) const ALL: [Fault; 4] = [Fault::Kill, Fault::Pause, Fault::Restart, Fault::Block];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
             Fault::Kill => "kill",
             Fault::Pause => "pause",
             Fault::Restart => "restart",
+            Fault::Block => "block",
         }
     }
 }
@@ -302,7 +307,7 @@ fn parse_faults(list: &str) -> Result<Vec<Fault>, String> {
             .into_iter()
             .find(|f| f.name() == name)
             .ok_or(format!(
-                "unknown fault `{name}`; expected kill, pause, restart or none"
+                "unknown fault `{name}`; expected kill, pause, restart, block or none"
             ))?;
         if !faults.contains(&fault) {
             faults.push(fault);
@@ -325,6 +330,8 @@ pub(crate) struct WorkerArgs {
     /// Whether sections take the lock (`false` only for `--no-lock`).
     pub(crate) locked: bool,
     pub(crate) mode: Mode,
+    /// Whether tasks sometimes block their thread in a section (`Fault::Block`).
+    pub(crate) block: bool,
 }
 
 impl WorkerArgs {
@@ -343,6 +350,7 @@ impl WorkerArgs {
             self.wait.as_millis().to_string(),
             if self.locked { "locked" } else { "unlocked" }.into(),
             self.mode.to_arg(),
+            if self.block { "block" } else { "noblock" }.into(),
         ]
     }
 
@@ -358,11 +366,12 @@ impl WorkerArgs {
             wait_ms,
             locked,
             mode,
+            block,
         ] = args.as_slice()
         else {
             return Err(format!(
                 "worker: expected id, lock url, store url, tasks, keys, lease ms, wait ms, \
-                 locked or unlocked, and the mode; got {} arguments",
+                 locked or unlocked, the mode, and block or noblock; got {} arguments",
                 args.len()
             ));
         };
@@ -384,6 +393,11 @@ impl WorkerArgs {
                 other => return Err(format!("worker: `{other}` is not locked or unlocked")),
             },
             mode: Mode::from_arg(mode)?,
+            block: match block.as_str() {
+                "block" => true,
+                "noblock" => false,
+                other => return Err(format!("worker: `{other}` is not block or noblock")),
+            },
         })
     }
 }
@@ -480,10 +494,16 @@ mod tests {
             wait: Duration::from_secs(2),
             locked: true,
             mode: Mode::Exclusive,
+            block: false,
         };
-        for mode in [Mode::Exclusive, Mode::Semaphore(3), Mode::Rw] {
+        for (mode, block) in [
+            (Mode::Exclusive, false),
+            (Mode::Semaphore(3), true),
+            (Mode::Rw, false),
+        ] {
             let args = WorkerArgs {
                 mode,
+                block,
                 ..args.clone()
             };
             match Command::parse(args.to_args()) {

@@ -74,10 +74,16 @@ pub(crate) async fn inject(
                 injected.restarts,
             );
         }
-        if faults.is_empty() {
+        // A blocked thread is the workers' own doing (see `worker`).
+        let from_here: Vec<Fault> = faults
+            .iter()
+            .copied()
+            .filter(|&f| f != Fault::Block)
+            .collect();
+        if from_here.is_empty() {
             continue;
         }
-        match faults[rng.below(faults.len())] {
+        match from_here[rng.below(from_here.len())] {
             Fault::Kill => {
                 pool.kill_one(rng)?;
                 injected.kills += 1;
@@ -91,6 +97,7 @@ pub(crate) async fn inject(
                 injected.restarts += 1;
                 injected.last_restart = Some(Instant::now());
             }
+            Fault::Block => continue,
         }
         injected.last = Some(Instant::now());
     }

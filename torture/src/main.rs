@@ -36,7 +36,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dlock_testkit::RedisServer;
 
-use crate::cli::{Command, Engine, Options, USAGE, WorkerArgs};
+use crate::cli::{Command, Engine, Fault, Options, USAGE, WorkerArgs};
 use crate::engine::{LockEngine, Profile, keys_left};
 use crate::faults::{Injected, RunEnd, inject};
 use crate::pool::{Failure, Pool};
@@ -173,6 +173,7 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
             wait: profile.wait,
             locked: !options.no_lock,
             mode: options.mode,
+            block: options.faults.contains(&Fault::Block),
         };
         let mut pool = Pool::start(template, options.procs)?;
         let faults = (profile, keys.as_slice());
@@ -248,6 +249,7 @@ async fn run_in_process(
                 wait: profile.wait,
                 locked: !options.no_lock,
                 mode: options.mode,
+                block: options.faults.contains(&Fault::Block),
             };
             let worker = Arc::new(Worker::new(&args, rt.clone(), store.clone()));
             tokio::spawn(worker.run(options.tasks, stop.clone()))

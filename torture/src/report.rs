@@ -273,7 +273,8 @@ pub(crate) fn render(rows: &[Row]) -> String {
             out,
             "- {} ({:.0?}): {} rejected claims or writes, {} writes that never learnt their answer \
              (not in the history); the workers still running at the end saw {} leases lost, {} \
-             timeouts, {} lock errors, {} store errors",
+             timeouts, {} lock errors, {} store errors, {} sections that blocked their thread \
+             first",
             row.engine,
             row.took,
             f.rejected,
@@ -281,7 +282,8 @@ pub(crate) fn render(rows: &[Row]) -> String {
             t.lost,
             t.timeouts,
             t.lock_errors,
-            t.store_errors
+            t.store_errors,
+            t.blocked
         );
         for expected in &verdict.expected {
             let _ = writeln!(out, "  - expected: {expected}");

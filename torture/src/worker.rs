@@ -9,6 +9,10 @@
 //! moment (0–4 ms), logging its end (`held`); in `--mode rw` a task is a reader (read lock; it
 //! reads the counter, holds a moment, logs `read`; its section id ends in `r`) or, one time in
 //! five, a writer running the exclusive section above under the write lock.
+//!
+//! With the `block` fault, one section in 200 first blocks its thread (a synchronous sleep,
+//! before the body's first await) for one and a half leases, at most one task of a process at a
+//! time: the runtime must keep renewing the lock meanwhile (the worker runtime has two threads).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -26,6 +30,13 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(60);
 
 /// Pause after a lock or store error before the next attempt.
 const BACKOFF: Duration = Duration::from_millis(50);
+
+/// With the `block` fault: one section in this many blocks its thread first.
+const BLOCK_ONE_IN: usize = 200;
+
+/// Whether a task of this process is blocking its thread now (one at a time: the others and
+/// the runtime's own tasks keep the remaining thread).
+static BLOCKING: AtomicBool = AtomicBool::new(false);
 
 /// Set once: the tasks finish their current section and return.
 #[derive(Clone, Default)]
@@ -54,14 +65,22 @@ pub(crate) struct Tally {
     pub(crate) lock_errors: u64,
     /// Store calls that failed.
     pub(crate) store_errors: u64,
+    /// Sections that blocked their thread first (the `block` fault).
+    pub(crate) blocked: u64,
 }
 
 impl Tally {
     /// The line a worker process prints when it stops.
     fn line(&self, id: u32) -> String {
         format!(
-            "worker {id} done: {} sections, {} lost, {} timeouts, {} lock errors, {} store errors",
-            self.completed, self.lost, self.timeouts, self.lock_errors, self.store_errors
+            "worker {id} done: {} sections, {} lost, {} timeouts, {} lock errors, {} store errors, \
+             {} blocked",
+            self.completed,
+            self.lost,
+            self.timeouts,
+            self.lock_errors,
+            self.store_errors,
+            self.blocked
         )
     }
 
@@ -77,7 +96,15 @@ impl Tally {
             .split(", ")
             .map(|part| part.split(' ').next()?.parse().ok())
             .collect::<Option<_>>()?;
-        let [completed, lost, timeouts, lock_errors, store_errors] = numbers.as_slice() else {
+        let [
+            completed,
+            lost,
+            timeouts,
+            lock_errors,
+            store_errors,
+            blocked,
+        ] = numbers.as_slice()
+        else {
             return None;
         };
         Some(Tally {
@@ -86,6 +113,7 @@ impl Tally {
             timeouts: *timeouts,
             lock_errors: *lock_errors,
             store_errors: *store_errors,
+            blocked: *blocked,
         })
     }
 
@@ -95,6 +123,7 @@ impl Tally {
         self.timeouts += other.timeouts;
         self.lock_errors += other.lock_errors;
         self.store_errors += other.store_errors;
+        self.blocked += other.blocked;
     }
 }
 
@@ -109,6 +138,10 @@ pub(crate) struct Worker {
     /// Whether sections take the lock (`false` only to check the checker).
     locked: bool,
     mode: Mode,
+    /// How long a section blocks its thread with the `block` fault (`None`: never).
+    block: Option<Duration>,
+    /// Sections that blocked their thread.
+    blocked: AtomicU64,
     next_section: AtomicU64,
     /// End records still being appended from `Drop` (cancelled bodies).
     pending: Arc<Pending>,
@@ -125,6 +158,8 @@ impl Worker {
             wait: args.wait,
             locked: args.locked,
             mode: args.mode,
+            block: args.block.then(|| args.lease + args.lease / 2),
+            blocked: AtomicU64::new(0),
             next_section: AtomicU64::new(1),
             pending: Arc::default(),
         }
@@ -150,6 +185,7 @@ impl Worker {
             }
         }
         self.pending.drained().await;
+        tally.blocked = self.blocked.load(Ordering::Relaxed);
         tally
     }
 
@@ -164,6 +200,7 @@ impl Worker {
                 self.next_section.fetch_add(1, Ordering::Relaxed)
             );
             let hold_for = Duration::from_millis(rng.below(5) as u64);
+            let block = self.block.filter(|_| rng.below(BLOCK_ONE_IN) == 0);
             let (lock, section) = match self.mode {
                 Mode::Exclusive => (self.rt.lock(key.clone()), Section::Write),
                 Mode::Semaphore(n) => (self.rt.semaphore(key.clone(), n), Section::Hold),
@@ -174,7 +211,7 @@ impl Worker {
                 Mode::Rw => (self.rt.lock(key.clone()), Section::Write),
             };
             let lock = lock.lease(self.lease).wait(self.wait);
-            let body = self.section(&key, id, section, hold_for);
+            let body = self.section(&key, id, section, (hold_for, block));
             let outcome = if self.locked {
                 with_lock(lock, body).await
             } else {
@@ -207,8 +244,18 @@ impl Worker {
         key: &str,
         id: String,
         section: Section,
-        hold_for: Duration,
+        (hold_for, block): (Duration, Option<Duration>),
     ) -> Result<(), String> {
+        // In the body's first step, before any await.
+        if let Some(block) = block
+            && BLOCKING
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            std::thread::sleep(block);
+            BLOCKING.store(false, Ordering::Release);
+            self.blocked.fetch_add(1, Ordering::Relaxed);
+        }
         let start = now_ns();
         let fence = current_fence();
         let mut end = EndOnDrop::new(
@@ -436,6 +483,7 @@ mod tests {
             timeouts: 3,
             lock_errors: 4,
             store_errors: 5,
+            blocked: 6,
         };
         let log = format!("some warning\n{}\n", tally.line(7));
         let read = Tally::from_log(&log).expect("a tally");
@@ -445,9 +493,10 @@ mod tests {
                 read.lost,
                 read.timeouts,
                 read.lock_errors,
-                read.store_errors
+                read.store_errors,
+                read.blocked
             ),
-            (10, 2, 3, 4, 5)
+            (10, 2, 3, 4, 5, 6)
         );
         assert!(Tally::from_log("worker 7 crashed").is_none());
     }
