@@ -46,6 +46,9 @@ pub(crate) struct Baton {
     pub(crate) fences_end: u64,
     pub(crate) watchdog_id: u64,
     lease: Duration,
+    /// The part of the lease counted on (see [`Held::effective`]), the same for the next
+    /// holder: a hold is handed only to a waiter asking the same lease.
+    pub(crate) effective: Duration,
 }
 
 impl std::fmt::Debug for Baton {
@@ -125,6 +128,7 @@ pub(crate) fn pass(held: &Held) -> bool {
                     fences_end: held.fences_end,
                     watchdog_id: held.watchdog_id(),
                     lease: held.terms.lease,
+                    effective: held.effective,
                 })
         })
         .unwrap_or(false)
@@ -171,6 +175,7 @@ pub(crate) fn pass_extended(held: &Held, last: u64, watchdog_id: u64) -> bool {
         fences_end: last.saturating_add(1),
         watchdog_id,
         lease: held.terms.lease,
+        effective: held.effective,
     };
     held.core
         .hub

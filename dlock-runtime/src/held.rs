@@ -144,6 +144,7 @@ impl Held {
     ) -> Arc<Self> {
         tracing::debug!(key = %key, fence = baton.fence, "lock handed over within the runtime");
         let now = Instant::now();
+        let effective = baton.effective;
         Self::with(
             core,
             key,
@@ -152,11 +153,7 @@ impl Held {
             baton.fences_end,
             terms,
             (baton.watchdog_id, now),
-            (
-                Some(lost),
-                (now, now),
-                terms.lease.saturating_sub(drift(core, terms.lease)),
-            ),
+            (Some(lost), (now, now), effective),
         )
     }
 
@@ -212,7 +209,8 @@ impl Held {
         }
         let core = &self.core;
         let lease = self.terms.lease;
-        let drift = drift(core, lease);
+        // As counted in `Held::new`.
+        let drift = lease.saturating_sub(self.effective);
         // A fresh hold's `acquired_at` is when its request was sent.
         let (id, _) = core.watchdog.register(
             &self.key,

@@ -124,14 +124,16 @@ pub(super) fn sweep(watchdog: &Arc<Watchdog>, by: Instant) -> Sweep {
                 if !held.is_untracked() {
                     // Registered by its body (or ended): no longer this slot's concern.
                     published.take();
-                } else if held.first_due() <= by {
-                    published.take();
-                    due.push(held);
                 } else {
-                    let interval = held.effective / 3;
-                    found.period = Some(found.period.map_or(interval, |p| p.min(interval)));
                     let at = held.first_due();
-                    found.earliest = Some(found.earliest.map_or(at, |e| e.min(at)));
+                    if at <= by {
+                        published.take();
+                        due.push(held);
+                    } else {
+                        let interval = held.effective / 3;
+                        found.period = Some(found.period.map_or(interval, |p| p.min(interval)));
+                        found.earliest = Some(found.earliest.map_or(at, |e| e.min(at)));
+                    }
                 }
             }
             // Another runtime's.
