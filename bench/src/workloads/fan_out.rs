@@ -73,17 +73,28 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     }
     for (name, rt, target) in &engines {
         sequential::lock_pairs(rt, 200).await?;
-        let (base, ours) = sequential::interleaved(
+        let run = sequential::interleaved_rounds(
             5 * scale,
             async || sequential::lock_pairs(&setup.rt, 100).await,
             async || sequential::lock_pairs(rt, 100).await,
         )
         .await?;
-        rows.push(Row::versus(
+        let (lo, hi) = run
+            .ratios
+            .iter()
+            .fold((f64::MAX, 0.0_f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        rows.push(Row::new(
             format!("{name}: sequential acquire+release, p50"),
-            p50(&ours),
-            p50(&base),
-            "standalone Redis",
+            us(p50(&run.ours)),
+            format!("{} (standalone Redis)", us(p50(&run.base))),
+            format!(
+                "{} (median of {} rounds' ratios, from {} to {}; pooled {})",
+                times(median(run.ratios.clone())),
+                run.ratios.len(),
+                times(lo),
+                times(hi),
+                times(ratio(p50(&run.ours), p50(&run.base)))
+            ),
             target,
         ));
     }
@@ -92,7 +103,7 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     // gives the median of the rounds' ratios.
     let url = &setup.url;
     let standalone_hot = super::redis_runtime(url, "hot1:").await?;
-    let (sales, rounds) = (500 * scale as u64, if setup.options.quick { 1 } else { 3 });
+    let (sales, rounds) = (500 * scale as u64, if setup.options.quick { 1 } else { 5 });
     let mut runs: Vec<Vec<(Duration, Duration, bool)>> = vec![Vec::new(); engines.len()];
     for _ in 0..rounds {
         for ((_, rt, _), runs) in engines.iter().zip(&mut runs) {
