@@ -186,3 +186,62 @@ pub(crate) struct FanOutFloor {
     pub(crate) all: Vec<Duration>,
     pub(crate) majority: Vec<Duration>,
 }
+
+/// One `EVALSHA` of the trivial script written to a plain socket and its reply read by the
+/// calling task itself, `n` times after `n / 10` unmeasured: a round trip below any client
+/// library (no connection task, no request queue). The server at `url` must take plain
+/// connections without a password.
+pub(crate) async fn socket_evalsha(url: &str, n: usize) -> Result<Vec<Duration>, BoxError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let address = url
+        .strip_prefix("redis://")
+        .and_then(|rest| rest.split('/').next())
+        .ok_or_else(|| format!("expected redis://host:port, got {url}"))?;
+    let mut socket = tokio::net::TcpStream::connect(address).await?;
+    socket.set_nodelay(true)?;
+    let script = redis::Script::new("return 1");
+    // Loaded the way the client does it, so that the call below runs the same cached script.
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg("return 1")
+        .query_async(&mut raw_conn(url).await?)
+        .await?;
+    let call = redis::cmd("EVALSHA")
+        .arg(script.get_hash())
+        .arg(1)
+        .arg("k")
+        .arg(1)
+        .get_packed_command();
+    let mut reply = [0u8; 4];
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        socket.write_all(&call).await?;
+        socket.read_exact(&mut reply).await?;
+        if i >= n / 10 {
+            lat.push(t.elapsed());
+        }
+        if &reply != b":1\r\n" {
+            return Err(format!("unexpected reply {:?}", String::from_utf8_lossy(&reply)).into());
+        }
+    }
+    Ok(sorted(lat))
+}
+
+/// `n` single `EVALSHA` round trips of the trivial script over a plain multiplexed
+/// connection, after `n / 10` unmeasured (the client library's round trip, against
+/// [`socket_evalsha`]).
+pub(crate) async fn client_evalsha(url: &str, n: usize) -> Result<Vec<Duration>, BoxError> {
+    let mut conn = raw_conn(url).await?;
+    let script = redis::Script::new("return 1");
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        let _: i64 = script.key("k").arg(1).invoke_async(&mut conn).await?;
+        if i >= n / 10 {
+            lat.push(t.elapsed());
+        }
+    }
+    Ok(sorted(lat))
+}

@@ -97,6 +97,7 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
             "<= 1.1x",
         ),
         Row::versus(format!("{what}, p99"), o99, f99, "2 raw EVALSHA", ""),
+        client_row(url, setup.options.scale()).await?,
         Row::versus(
             format!("{what}, p50, against its own requests sent raw"),
             p50(&ours),
@@ -105,4 +106,31 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
             "",
         ),
     ])
+}
+
+/// One round trip through the client library every engine and baseline here uses, against
+/// the same request written and read by the calling task on a plain socket, in interleaved
+/// rounds: what the library's connection (a task of its own that writes the requests queued
+/// to it and reads the replies) adds to a round trip on this machine.
+async fn client_row(url: &str, scale: usize) -> Result<Row, BoxError> {
+    let run = interleaved_rounds(
+        10 * scale,
+        async || baselines::socket_evalsha(url, 100).await,
+        async || baselines::client_evalsha(url, 100).await,
+    )
+    .await?;
+    Ok(Row::new(
+        "1 raw EVALSHA, p50: redis client library against a plain socket",
+        us(p50(&run.ours)),
+        format!(
+            "{} (written and read by the calling task)",
+            us(p50(&run.base))
+        ),
+        format!(
+            "{} (median of {} rounds' ratios)",
+            times(median(run.ratios.clone())),
+            run.ratios.len()
+        ),
+        "",
+    ))
 }
