@@ -19,13 +19,20 @@ pub(crate) async fn raw_conn(url: &str) -> Result<MultiplexedConnection, BoxErro
 /// Two raw `EVALSHA` round trips of a trivial script, `n` times after `n / 10` unmeasured:
 /// the floor of acquire + release.
 pub(crate) async fn evalsha_pairs(url: &str, n: usize) -> Result<Vec<Duration>, BoxError> {
+    evalsha_round_trips(url, n, 2).await
+}
+
+/// `n` samples of `each` sequential `EVALSHA` round trips of a trivial script over a plain
+/// multiplexed connection, after `n / 10` unmeasured.
+async fn evalsha_round_trips(url: &str, n: usize, each: usize) -> Result<Vec<Duration>, BoxError> {
     let mut conn = raw_conn(url).await?;
     let script = redis::Script::new("return 1");
     let mut lat = Vec::with_capacity(n);
     for i in 0..n + n / 10 {
         let t = Instant::now();
-        let _: i64 = script.key("k").arg(1).invoke_async(&mut conn).await?;
-        let _: i64 = script.key("k").arg(1).invoke_async(&mut conn).await?;
+        for _ in 0..each {
+            let _: i64 = script.key("k").arg(1).invoke_async(&mut conn).await?;
+        }
         if i >= n / 10 {
             lat.push(t.elapsed());
         }
@@ -233,15 +240,5 @@ pub(crate) async fn socket_evalsha(url: &str, n: usize) -> Result<Vec<Duration>,
 /// connection, after `n / 10` unmeasured (the client library's round trip, against
 /// [`socket_evalsha`]).
 pub(crate) async fn client_evalsha(url: &str, n: usize) -> Result<Vec<Duration>, BoxError> {
-    let mut conn = raw_conn(url).await?;
-    let script = redis::Script::new("return 1");
-    let mut lat = Vec::with_capacity(n);
-    for i in 0..n + n / 10 {
-        let t = Instant::now();
-        let _: i64 = script.key("k").arg(1).invoke_async(&mut conn).await?;
-        if i >= n / 10 {
-            lat.push(t.elapsed());
-        }
-    }
-    Ok(sorted(lat))
+    evalsha_round_trips(url, n, 1).await
 }
