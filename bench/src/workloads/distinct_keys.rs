@@ -42,12 +42,12 @@ pub(crate) async fn parallel_rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
     let per_task = 100 * setup.options.scale();
     let (mut raw, mut ours) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        if round % 2 == 0 {
-            raw.push(script_pairs_parallel(&setup.url, 64, per_task).await?);
-            ours.push(lock_pairs_parallel(&setup.rt, 64, per_task).await?);
-        } else {
-            ours.push(lock_pairs_parallel(&setup.rt, 64, per_task).await?);
-            raw.push(script_pairs_parallel(&setup.url, 64, per_task).await?);
+        for i in super::alternate(round) {
+            if i == 0 {
+                ours.push(lock_pairs_parallel(&setup.rt, 64, per_task).await?);
+            } else {
+                raw.push(script_pairs_parallel(&setup.url, 64, per_task).await?);
+            }
         }
     }
     let ratios: Vec<f64> = ours.iter().zip(&raw).map(|(o, r)| o / r).collect();

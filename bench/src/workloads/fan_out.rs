@@ -79,18 +79,14 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
             async || sequential::lock_pairs(rt, 100).await,
         )
         .await?;
-        let (lo, hi) = run
-            .ratios
-            .iter()
-            .fold((f64::MAX, 0.0_f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let (lo, hi) = run.range();
         rows.push(Row::new(
             format!("{name}: sequential acquire+release, p50"),
             us(p50(&run.ours)),
             format!("{} (standalone Redis)", us(p50(&run.base))),
             format!(
-                "{} (median of {} rounds' ratios, from {} to {}; pooled {})",
-                times(median(run.ratios.clone())),
-                run.ratios.len(),
+                "{}, from {} to {}; pooled {})",
+                run.median_ratio(),
                 times(lo),
                 times(hi),
                 times(ratio(p50(&run.ours), p50(&run.base)))

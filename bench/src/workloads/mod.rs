@@ -16,6 +16,16 @@ use dlock_runtime::Runtime;
 use crate::report::Row;
 use crate::{BoxError, Setup};
 
+/// The order two contenders (0 and 1; in the `peer` section dlock and rslock) run in round
+/// `round`: alternating, so that neither always goes first.
+fn alternate(round: usize) -> [usize; 2] {
+    if round.is_multiple_of(2) {
+        [0, 1]
+    } else {
+        [1, 0]
+    }
+}
+
 /// A runtime of its own on the standalone server, its keys under `prefix`, so that a workload
 /// shares neither connections nor keys with the others.
 async fn redis_runtime(url: &str, prefix: &str) -> Result<Runtime, BoxError> {

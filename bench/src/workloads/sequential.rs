@@ -42,6 +42,29 @@ pub(crate) struct Rounds {
     pub(crate) ratios: Vec<f64>,
 }
 
+impl Rounds {
+    /// "1.23x (median of 20 rounds' ratios", the caller closing the parenthesis.
+    pub(crate) fn median_ratio(&self) -> String {
+        median_of_rounds(&self.ratios)
+    }
+
+    /// The lowest and the highest round's ratio.
+    pub(crate) fn range(&self) -> (f64, f64) {
+        self.ratios
+            .iter()
+            .fold((f64::MAX, 0.0_f64), |(lo, hi), &x| (lo.min(x), hi.max(x)))
+    }
+}
+
+/// "1.23x (median of 20 rounds' ratios" for `ratios`, the caller closing the parenthesis.
+fn median_of_rounds(ratios: &[f64]) -> String {
+    format!(
+        "{} (median of {} rounds' ratios",
+        times(median(ratios.to_vec())),
+        ratios.len()
+    )
+}
+
 /// [`interleaved`], keeping each round's ratio: a round's two series are measured within
 /// milliseconds of each other, so the median of the rounds' ratios moves less with whatever
 /// else the machine does than the ratio of the pooled series.
@@ -89,9 +112,8 @@ pub(crate) async fn rows(setup: &Setup) -> Result<Vec<Row>, BoxError> {
             us(p50(&ours)),
             format!("{} (2 raw EVALSHA)", us(p50(&floor))),
             format!(
-                "{} (median of {} rounds' ratios; pooled {})",
-                times(median(ratios.clone())),
-                ratios.len(),
+                "{}; pooled {})",
+                median_of_rounds(&ratios),
                 times(ratio(p50(&ours), p50(&floor)))
             ),
             "<= 1.1x",
@@ -126,11 +148,7 @@ async fn client_row(url: &str, scale: usize) -> Result<Row, BoxError> {
             "{} (written and read by the calling task)",
             us(p50(&run.base))
         ),
-        format!(
-            "{} (median of {} rounds' ratios)",
-            times(median(run.ratios.clone())),
-            run.ratios.len()
-        ),
+        format!("{})", run.median_ratio()),
         "",
     ))
 }

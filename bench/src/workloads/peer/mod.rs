@@ -24,6 +24,7 @@ pub(crate) mod worker;
 
 use std::time::{Duration, Instant};
 
+use super::alternate;
 use crate::report::Row;
 use crate::stats::{median, p50, ratio, sorted, times, us};
 use crate::{BoxError, Setup, baselines};
@@ -88,16 +89,6 @@ const ROUNDS: usize = 5;
 
 fn rounds(setup: &Setup) -> usize {
     if setup.options.quick { 1 } else { ROUNDS }
-}
-
-/// The order the contenders (0: dlock, 1: rslock) run in round `round`: alternating, so that
-/// neither always goes first.
-fn alternate(round: usize) -> [usize; 2] {
-    if round.is_multiple_of(2) {
-        [0, 1]
-    } else {
-        [1, 0]
-    }
 }
 
 /// The outcomes of one round, dlock's first.
