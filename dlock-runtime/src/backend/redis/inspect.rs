@@ -117,7 +117,7 @@ impl RedisBackend {
     pub(crate) async fn holdings(&self, prefix: &str) -> Result<Vec<Holding>, LockError> {
         let pattern = self.names.lock_pattern(prefix);
         let keys = match &self.link {
-            Link::Single(_) => self.scan(&pattern, None).await?,
+            Link::Single(..) => self.scan(&pattern, None).await?,
             Link::Cluster(_) => {
                 let mut keys = Vec::new();
                 for slot in self.master_slots().await? {
@@ -133,7 +133,7 @@ impl RedisBackend {
         let keys: Vec<String> = keys.into_iter().collect();
         let mut found = Vec::with_capacity(keys.len());
         match &self.link {
-            Link::Single(_) => {
+            Link::Single(..) => {
                 for batch in keys.chunks(READ_BATCH) {
                     found.extend(self.read_locks(None, batch).await?);
                 }

@@ -16,14 +16,17 @@ use super::config::{NodeSettings, redact};
 use super::names::Names;
 use super::push::push_handler;
 use super::script::Lua;
+use super::wire::{Caller, Packed, Wire};
 use crate::LockError;
 use crate::backend::Context;
 
-/// One server (reconnecting, resubscribing) or a cluster (slot-routed, MOVED/ASK and failover
-/// handled by the client).
+/// One server (reconnecting, resubscribing), its command connection of the runtime's own
+/// (plaintext TCP: see `wire.rs`), or a cluster (slot-routed, MOVED/ASK and failover handled
+/// by the client).
 #[derive(Clone)]
 pub(super) enum Conn {
     Single(ConnectionManager),
+    Wire(Caller),
     Cluster(ClusterConnection),
 }
 
@@ -31,6 +34,10 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
+            Self::Wire(c) => {
+                let sent = c.send_one(Packed::Cmd(cmd));
+                Box::pin(async move { sent.await?.extract_error() })
+            }
             Self::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -43,6 +50,10 @@ impl ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Wire(c) => {
+                let sent = c.send(Packed::Pipeline(cmd), offset + count, count);
+                Box::pin(sent)
+            }
             Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
@@ -50,6 +61,8 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Self::Single(c) => c.get_db(),
+            // The database is the manager's (the wire selects the same one).
+            Self::Wire(_) => 0,
             Self::Cluster(c) => c.get_db(),
         }
     }
@@ -61,6 +74,7 @@ impl Conn {
     pub(super) async fn query<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
         let value = match self {
             Self::Single(c) => c.send_packed_command(cmd).await?,
+            Self::Wire(c) => c.send_one(Packed::Cmd(cmd)).await?,
             Self::Cluster(c) => c.req_packed_command(cmd).await?,
         };
         Ok(redis::from_redis_value(value.extract_error()?)?)
@@ -76,15 +90,18 @@ impl Conn {
     ) -> RedisResult<Vec<Value>> {
         let replies = match self {
             Self::Single(c) => c.send_packed_commands(pipe, 0, count).await?,
+            Self::Wire(c) => c.send(Packed::Pipeline(pipe), count, count).await?,
             Self::Cluster(c) => c.req_packed_commands(pipe, 0, count).await?,
         };
         replies.into_iter().map(Value::extract_error).collect()
     }
 }
 
-/// The connection a backend holds.
+/// The connection a backend holds: on one server, the client library's connection manager
+/// (subscriptions and their pushes; every command when the server is not plaintext TCP) and
+/// the command connection of the runtime's own.
 pub(super) enum Link {
-    Single(ConnectionManager),
+    Single(ConnectionManager, Option<Wire>),
     Cluster(Arc<ClusterLink>),
 }
 
@@ -92,14 +109,26 @@ impl Link {
     /// Connects to one server (`redis://` or `rediss://`), switched to RESP3 for pushes.
     pub(super) async fn single(url: &str, names: &Names, ctx: &Context) -> Result<Self, LockError> {
         let (client, config) = open(url, names, ctx)?;
+        let wire = Wire::for_server(
+            client.get_connection_info(),
+            ctx.timeout,
+            RETRIES,
+            MAX_DELAY,
+            ctx.wakeups.clone(),
+        );
+        let what = format!("cannot connect to {}", redact(url));
+        let plaintext = url.starts_with("redis://");
         let conn = connect_within(
             ctx.timeout,
-            &format!("cannot connect to {}", redact(url)),
-            url.starts_with("redis://"),
+            &what,
+            plaintext,
             ConnectionManager::new_with_config(client, config),
         )
         .await?;
-        Ok(Self::Single(conn))
+        if let Some(wire) = &wire {
+            connect_within(ctx.timeout, &what, plaintext, wire.ping()).await?;
+        }
+        Ok(Self::Single(conn, wire))
     }
 
     /// Like [`Link::single`], but connects on first use: a node that is down now answers each
@@ -109,23 +138,32 @@ impl Link {
         // No retries inside a call: a node that is down fails fast (connection refused) and
         // the next call tries again.
         let config = config.set_number_of_retries(0);
+        let wire = Wire::for_server(
+            client.get_connection_info(),
+            ctx.timeout,
+            0,
+            MAX_DELAY,
+            ctx.wakeups.clone(),
+        );
         let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
             let what = format!("cannot set up a connection to {}", redact(url));
             redis_error(None, &what, e)
         })?;
-        Ok(Self::Single(conn))
+        Ok(Self::Single(conn, wire))
     }
 
+    /// The connection commands go through.
     pub(super) fn handle(&self) -> Conn {
         match self {
-            Self::Single(c) => Conn::Single(c.clone()),
+            Self::Single(_, Some(wire)) => Conn::Wire(wire.caller()),
+            Self::Single(c, None) => Conn::Single(c.clone()),
             Self::Cluster(link) => Conn::Cluster(link.conn()),
         }
     }
 
     pub(super) fn publish_command(&self) -> &'static str {
         match self {
-            Self::Single(_) => "PUBLISH",
+            Self::Single(..) => "PUBLISH",
             Self::Cluster(_) => "SPUBLISH",
         }
     }
@@ -137,6 +175,11 @@ impl Link {
         }
     }
 }
+
+/// Reconnection attempts after a failed one, and the longest pause between two, on one server
+/// (a Redlock node makes none: see [`Link::single_lazy`]).
+const RETRIES: usize = 2;
+const MAX_DELAY: Duration = Duration::from_millis(500);
 
 /// The client and connection settings of one server: RESP3, the push handler, reconnection.
 fn open(
@@ -150,8 +193,8 @@ fn open(
         .set_connection_timeout(Some(ctx.timeout))
         // Each call is bounded by `timeout` in `RedisBackend::call` (one timer per call).
         .set_response_timeout(None)
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_millis(500))
+        .set_number_of_retries(RETRIES)
+        .set_max_delay(MAX_DELAY)
         .set_push_sender(on_push)
         .set_automatic_resubscription();
     Ok((client, config))

@@ -1,22 +1,27 @@
-//! Redis (`redis://`, `rediss://`) and Redis Cluster (`redis+cluster://`): Lua scripts on a
-//! RESP3 connection that carries both the commands and the pub/sub pushes. On Cluster every
-//! name of one lock shares a hash slot ([`names`]), so each script runs on the key's shard, and
-//! the release notification uses sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`), which follows the
-//! shard.
+//! Redis (`redis://`, `rediss://`) and Redis Cluster (`redis+cluster://`): Lua scripts on
+//! RESP3 connections. On Cluster every name of one lock shares a hash slot ([`names`]), so each
+//! script runs on the key's shard, and the release notification uses sharded pub/sub
+//! (`SPUBLISH`/`SSUBSCRIBE`), which follows the shard.
 //!
-//! By job: [`config`] (URLs and options), [`link`] (the connection, error mapping),
-//! [`cluster`] (rebuilding a cluster connection, restoring sharded subscriptions), [`names`]
-//! (key layout, hash slots), [`script`] (the Lua scripts), [`push`] (notifications).
+//! By job: [`config`] (URLs and options), [`link`] (the connections, error mapping), [`wire`]
+//! and [`frame`] (the command connection of the runtime's own), [`cluster`] (rebuilding a
+//! cluster connection, restoring sharded subscriptions), [`names`] (key layout, hash slots),
+//! [`script`] (the Lua scripts), [`push`] (notifications).
 //!
-//! The single-server connection is a `ConnectionManager`: it reconnects by itself after a
-//! restart and resubscribes the release channels; on a disconnect every local waiter retries (a
-//! message published while the subscription was down reached nobody), and every wait is
-//! bounded by the holder's TTL anyway.
+//! One server has two connections. The commands go through [`wire`] on plaintext TCP: a
+//! request is written by its caller when nothing is in flight (one task hop a round trip, not
+//! the client library's two) and queued in the order it was made, also across a reconnect
+//! (through the client library's connection under TLS or on a Unix socket). The subscriptions
+//! are on the client library's `ConnectionManager`, which resubscribes the release channels
+//! after a restart. On a disconnect of either every local waiter retries (a message published
+//! while the subscription was down reached nobody; a Redlock node is checked for a restart),
+//! and every wait is bounded by the holder's TTL anyway.
 
 mod acl;
 mod cluster;
 pub(crate) mod config;
 mod fair;
+mod frame;
 mod inspect;
 mod link;
 mod multi;
@@ -24,6 +29,7 @@ mod names;
 mod push;
 pub(crate) mod script;
 mod shared;
+mod wire;
 
 use std::time::Duration;
 
@@ -475,7 +481,7 @@ impl Backend for RedisBackend {
 
     fn renew_partition(&self, key: &str) -> u16 {
         match self.link {
-            Link::Single(_) => 0,
+            Link::Single(..) => 0,
             Link::Cluster(_) => hash_slot(self.names.lock(key).as_bytes()),
         }
     }

@@ -17,7 +17,7 @@ impl RedisBackend {
             return false;
         }
         match self.link {
-            Link::Single(_) => true,
+            Link::Single(..) => true,
             Link::Cluster(_) => {
                 let mut slots = keys
                     .iter()

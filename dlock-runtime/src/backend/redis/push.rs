@@ -102,7 +102,7 @@ impl RedisBackend {
     /// One `(S)SUBSCRIBE` or `(S)UNSUBSCRIBE` of `channel`, unbounded.
     async fn subscribe_call(&self, channel: &str, subscribed: bool) -> redis::RedisResult<()> {
         match &self.link {
-            Link::Single(c) => {
+            Link::Single(c, _) => {
                 let mut c = c.clone();
                 if subscribed {
                     c.subscribe(channel).await
