@@ -19,6 +19,8 @@ use crate::{LockError, LockInfo};
 
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) mod io_thread;
 pub(crate) mod memory;
 pub(crate) mod mode;
 #[cfg(feature = "redis")]

@@ -54,6 +54,7 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use self::lease::{SharedLease, SharedLeases};
+use super::io_thread::IoThread;
 use super::successor::Successors;
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
 use crate::backend::mode::{Mode, holding_now};
@@ -73,6 +74,8 @@ struct Contender {
 
 pub(crate) struct EtcdBackend {
     client: Client,
+    /// Where `client`'s connection tasks run; they stop when the backend drops.
+    _io: IoThread,
     prefix: String,
     timeout: Duration,
     /// Owner token -> its contender (the runtime chooses owners before any request).
@@ -112,33 +115,39 @@ impl EtcdBackend {
             .with_connect_timeout(timeout)
             .with_timeout(timeout);
         let joined = endpoints.join(",");
-        let client =
-            match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
-                Ok(Ok(client)) => client,
-                Ok(Err(
-                    e @ (etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_)),
-                )) => {
-                    return Err(LockError::config(format!(
-                        "bad etcd endpoints `{joined}`: {e}"
-                    )));
-                }
-                Ok(Err(e)) => {
-                    return Err(etcd_error(
-                        None,
-                        &format!("cannot connect to etcd {joined}"),
-                        e,
-                    ));
-                }
-                Err(_) => {
-                    return Err(LockError::backend(
-                        None,
-                        format!("cannot connect to etcd {joined} within {timeout:?}"),
-                        None,
-                    ));
-                }
-            };
+        // The client's connection tasks live on a thread of the backend's own (see
+        // `io_thread.rs`): a holder blocking its thread must not hold them up.
+        let io = IoThread::start("dlock-etcd")?;
+        let owned = endpoints.to_vec();
+        let connecting = io.run(async move { Client::connect(owned, Some(options)).await });
+        let client = match tokio::time::timeout(timeout, connecting).await {
+            Ok(Err(stopped)) => return Err(stopped),
+            Ok(Ok(Ok(client))) => client,
+            Ok(Ok(Err(
+                e @ (etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_)),
+            ))) => {
+                return Err(LockError::config(format!(
+                    "bad etcd endpoints `{joined}`: {e}"
+                )));
+            }
+            Ok(Ok(Err(e))) => {
+                return Err(etcd_error(
+                    None,
+                    &format!("cannot connect to etcd {joined}"),
+                    e,
+                ));
+            }
+            Err(_) => {
+                return Err(LockError::backend(
+                    None,
+                    format!("cannot connect to etcd {joined} within {timeout:?}"),
+                    None,
+                ));
+            }
+        };
         let backend = Self {
             client,
+            _io: io,
             prefix,
             timeout,
             contenders: Arc::default(),
@@ -313,26 +322,6 @@ impl EtcdBackend {
     }
 }
 
-impl EtcdBackend {
-    /// [`EtcdBackend::queue`], then one yield. etcd answers over an HTTP/2 connection whose
-    /// task the caller wakes last (flow-control updates as it reads the answer), and on a
-    /// multi-thread runtime a task woken from a worker waits in that worker's own next slot,
-    /// which no other worker takes from: a holder that then blocks its thread (a synchronous
-    /// call in its body) would keep the connection, and every keep-alive and renewal over it,
-    /// from running until it returns. The yield lets the worker run it first (a task switch,
-    /// against the milliseconds of the Raft write).
-    async fn queue_then_yield(
-        &self,
-        key: &str,
-        owner: &str,
-        ask: Queueing,
-    ) -> Result<Queued, LockError> {
-        let queued = self.queue(key, owner, ask).await;
-        tokio::task::yield_now().await;
-        queued
-    }
-}
-
 impl Backend for EtcdBackend {
     fn has_queue(&self) -> bool {
         // Waiting happens in etcd's own queue (`acquire_queued`), watching the predecessor.
@@ -347,7 +336,7 @@ impl Backend for EtcdBackend {
             renew: false,
             deadline: Instant::now(),
         };
-        Ok(self.queue_then_yield(key, owner, ask).await?.attempt)
+        Ok(self.queue(key, owner, ask).await?.attempt)
     }
 
     async fn acquire_queued(
@@ -356,7 +345,7 @@ impl Backend for EtcdBackend {
         owner: &str,
         ask: Queueing,
     ) -> Result<Queued, LockError> {
-        self.queue_then_yield(key, owner, ask).await
+        self.queue(key, owner, ask).await
     }
 
     async fn renew(&self, batch: &[Renewal]) -> Result<Vec<Option<bool>>, LockError> {

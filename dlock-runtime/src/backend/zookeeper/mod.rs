@@ -56,6 +56,7 @@ use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState};
 
 use self::path::{escape, sequence};
+use super::io_thread::IoThread;
 use super::mode::Mode;
 use super::successor::Successors;
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
@@ -84,6 +85,8 @@ struct Place {
 /// nodes whose delete got no answer.
 struct Session {
     client: RwLock<Client>,
+    /// Where the client's session tasks run; they stop when the session drops.
+    io: IoThread,
     connect: String,
     /// The session timeout asked for (when a session opens, and when one is resumed).
     requested: Duration,
@@ -142,26 +145,30 @@ fn marker(owner: &str) -> String {
 
 impl Session {
     async fn new_session(
+        io: &IoThread,
         connect: &str,
         session_timeout: Duration,
         timeout: Duration,
     ) -> Result<Client, LockError> {
         let connector = Client::connector().with_session_timeout(session_timeout);
-        Self::open(connect, connector, timeout).await
+        Self::open(io, connect, connector, timeout).await
     }
 
-    /// Connects with `connector` within `timeout`.
+    /// Connects with `connector` within `timeout`, the client's session task on `io`.
     async fn open(
+        io: &IoThread,
         connect: &str,
         connector: zookeeper_client::Connector,
         timeout: Duration,
     ) -> Result<Client, LockError> {
-        let connecting = connector
+        let connector = connector
             .with_connection_timeout(timeout)
-            .with_fail_eagerly()
-            .connect(connect);
+            .with_fail_eagerly();
+        let cluster = connect.to_owned();
+        let connecting = io.run(async move { connector.connect(&cluster).await });
         match tokio::time::timeout(timeout, connecting).await {
-            Ok(Ok(client)) => {
+            Ok(Err(stopped)) => Err(stopped),
+            Ok(Ok(Ok(client))) => {
                 let negotiated = client.session_timeout();
                 tracing::debug!(
                     ?negotiated,
@@ -169,10 +176,10 @@ impl Session {
                 );
                 Ok(client)
             }
-            Ok(Err(e @ ZkError::BadArguments(_))) => Err(LockError::config(format!(
+            Ok(Ok(Err(e @ ZkError::BadArguments(_)))) => Err(LockError::config(format!(
                 "bad ZooKeeper connect string `{connect}`: {e}"
             ))),
-            Ok(Err(e)) => Err(zk_error(
+            Ok(Ok(Err(e))) => Err(zk_error(
                 None,
                 &format!("cannot connect to ZooKeeper {connect}"),
                 e,
@@ -231,12 +238,17 @@ impl Session {
         let resume = Client::connector()
             .with_session(old.session().clone())
             .with_session_timeout(self.requested);
-        let (client, resumed) = match Self::open(&self.connect, resume, self.timeout).await {
+        let (client, resumed) = match Self::open(&self.io, &self.connect, resume, self.timeout)
+            .await
+        {
             Ok(client) => (client, true),
-            Err(_) => match Self::new_session(&self.connect, self.requested, self.timeout).await {
-                Ok(client) => (client, false),
-                Err(_) => return false,
-            },
+            Err(_) => {
+                match Self::new_session(&self.io, &self.connect, self.requested, self.timeout).await
+                {
+                    Ok(client) => (client, false),
+                    Err(_) => return false,
+                }
+            }
         };
         // Before the client is published: a lock taken on the new session is counted with
         // the new session's timeout (a server restarted with other limits may grant another).
@@ -342,13 +354,17 @@ impl ZooKeeperBackend {
         ctx: &Context,
     ) -> Result<Self, LockError> {
         let (prefix, timeout) = (ctx.prefix.as_str(), ctx.timeout);
-        let client = Session::new_session(connect, session_timeout, timeout).await?;
+        // The client's session task lives on a thread of the backend's own (see
+        // `io_thread.rs`): a holder blocking its thread must not hold it up.
+        let io = IoThread::start("dlock-zookeeper")?;
+        let client = Session::new_session(&io, connect, session_timeout, timeout).await?;
         let root = format!("/{}", escape(prefix.trim_end_matches(':')));
         let session = Session {
             negotiated: AtomicU64::new(nanos(client.session_timeout())),
             base: Instant::now(),
             confirmed: AtomicU64::new(0),
             client: RwLock::new(client),
+            io,
             connect: connect.to_owned(),
             requested: session_timeout,
             timeout,

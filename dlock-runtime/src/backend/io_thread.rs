@@ -1,0 +1,134 @@
+//! A thread of the engine's own for a client library's background tasks (its connections).
+//!
+//! A client library that serves its connections from tasks (etcd's HTTP/2 connection and
+//! request buffer) has them woken by its callers: a request sent, flow control released as an
+//! answer is read, a stream dropped. On a multi-thread tokio runtime, a task woken from a
+//! worker waits in that worker's own next slot, which no other worker takes from, so a holder
+//! that blocks its thread right after such a wake (a synchronous call in its body) keeps the
+//! connection, and every renewal over it, from running until it returns: its lease runs out
+//! while it holds. Created on a runtime of its own, on a thread of its own, those tasks are
+//! woken from outside the caller's runtime and never wait behind its workers; the caller's
+//! tasks are woken from that thread, which puts them where any worker takes them.
+
+use std::future::Future;
+
+use tokio::runtime::{Builder, Handle};
+use tokio::sync::oneshot;
+
+use crate::LockError;
+
+/// A current-thread tokio runtime on a thread of its own, running until dropped.
+pub(crate) struct IoThread {
+    handle: Handle,
+    /// Dropped with the value: the thread then returns, and its runtime drops every task.
+    _stop: oneshot::Sender<()>,
+}
+
+impl IoThread {
+    /// Starts the thread, named `name`.
+    pub(crate) fn start(name: &str) -> Result<Self, LockError> {
+        let failed = |e: std::io::Error| {
+            LockError::backend(
+                None,
+                format!("cannot start the {name} thread"),
+                Some(std::sync::Arc::new(e)),
+            )
+        };
+        let runtime = Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(failed)?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                // Runs the spawned tasks until the sender drops.
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })
+            .map_err(failed)?;
+        Ok(Self {
+            handle,
+            _stop: stop,
+        })
+    }
+
+    /// Runs `work` on the thread (whatever it spawns stays there) and returns its output.
+    /// Dropping the returned future cancels `work`.
+    pub(crate) async fn run<F>(&self, work: F) -> Result<F::Output, LockError>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        struct Abort<T>(tokio::task::JoinHandle<T>);
+        impl<T> Drop for Abort<T> {
+            fn drop(&mut self) {
+                self.0.abort();
+            }
+        }
+        let mut task = Abort(self.handle.spawn(work));
+        (&mut task.0).await.map_err(|e| {
+            LockError::backend(
+                None,
+                "the engine's connection thread stopped",
+                Some(std::sync::Arc::new(e)),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `run` spawns lives on the thread: it keeps running while the calling runtime's
+    /// only worker is blocked, and stops when the thread is dropped.
+    #[tokio::test]
+    // `run` yields the ticker's handle, awaited at the end (after the thread is dropped).
+    #[allow(clippy::async_yields_async)]
+    async fn tasks_spawned_by_run_live_on_the_thread_until_it_drops() {
+        let io = IoThread::start("dlock-test-io").expect("thread");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
+        let ticker = io
+            .run(async move {
+                tokio::spawn(async move {
+                    for n in 0.. {
+                        if tx.send(n).is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                })
+            })
+            .await
+            .expect("run");
+        // The caller's (current-thread) runtime is blocked: the ticker runs anyway.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let mut seen = 0;
+        while rx.try_recv().is_ok() {
+            seen += 1;
+        }
+        assert!(seen >= 5, "only {seen} ticks while the caller was blocked");
+        drop(io);
+        let ended = ticker.await;
+        assert!(
+            ended.is_err_and(|e| e.is_cancelled()),
+            "the task ends with the thread"
+        );
+    }
+
+    /// Dropping `run`'s future cancels the work.
+    #[tokio::test]
+    async fn dropping_run_cancels_the_work() {
+        let io = IoThread::start("dlock-test-io").expect("thread");
+        let (tx, rx) = oneshot::channel::<()>();
+        let work = io.run(async move {
+            let _keep = tx;
+            std::future::pending::<()>().await;
+        });
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(20), work).await;
+        assert!(rx.await.is_err(), "the cancelled work dropped its sender");
+    }
+}
