@@ -4,7 +4,7 @@
 //! error's message, `Debug` or `source()` chain, in `Debug` of a builder or runtime, or in the
 //! logs. A least-privilege ACL user (the commands and key/channel patterns the README lists)
 //! can lock, renew, release and wait; a user missing one permission gets a `Backend` error
-//! naming it.
+//! naming it. The database a URL names (with or without a password) holds the locks.
 
 use std::error::Error as _;
 use std::time::Duration;
@@ -56,6 +56,47 @@ async fn build_error(url: &str, what: &str) -> LockError {
     let err = built.map(|_| ()).expect_err(what);
     assert_no_secret_in_error(&err, what);
     err
+}
+
+/// The database a `redis://` URL names holds the runtime's keys, with and without a password
+/// (the connection's handshake then authenticates and selects): a held lock's key is in that
+/// database and not in database 0, and the release frees it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_a_url_names_holds_the_locks() {
+    let plain = RedisServer::start();
+    let protected = RedisServer::start_with_password(PASSWORD);
+    for (server, url) in [
+        (&plain, format!("redis://127.0.0.1:{}/3", plain.port())),
+        (
+            &protected,
+            format!("redis://:{PASSWORD}@127.0.0.1:{}/3", protected.port()),
+        ),
+    ] {
+        let rt = Runtime::from_url(&url)
+            .await
+            .expect("a runtime on database 3");
+        let key = "select:held";
+        let guard = rt.lock(key).held("acquire on database 3").await;
+        let conn = server.conn().await;
+        let in_db = |db: i64| {
+            let mut conn = conn.clone();
+            async move {
+                let (_, exists): ((), bool) = redis::pipe()
+                    .cmd("SELECT")
+                    .arg(db)
+                    .cmd("EXISTS")
+                    .arg(lock_key(key))
+                    .query_async(&mut conn)
+                    .await
+                    .expect("EXISTS");
+                exists
+            }
+        };
+        assert!(in_db(3).await, "the held lock's key is in database 3");
+        assert!(!in_db(0).await, "and not in database 0");
+        guard.release().await.expect("release");
+        assert!(!in_db(3).await, "the release freed it in database 3");
+    }
 }
 
 /// Regression (issue "reliability", secrets): the password of a `redis://` URL, in the

@@ -61,8 +61,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Self::Single(c) => c.get_db(),
-            // The database is the manager's (the wire selects the same one).
-            Self::Wire(_) => 0,
+            Self::Wire(c) => c.db(),
             Self::Cluster(c) => c.get_db(),
         }
     }

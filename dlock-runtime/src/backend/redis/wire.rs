@@ -58,6 +58,8 @@ struct Target {
     handshake: Vec<u8>,
     /// How many replies the handshake gets.
     handshake_replies: usize,
+    /// The database the handshake selects.
+    db: i64,
     connect_timeout: Duration,
     /// Connection attempts after a failed one before the waiting requests fail.
     retries: usize,
@@ -207,6 +209,7 @@ impl Wire {
             port: *port,
             handshake: handshake.get_packed_pipeline(),
             handshake_replies,
+            db: settings.db(),
             connect_timeout,
             retries,
             max_delay,
@@ -263,6 +266,11 @@ pub(super) struct Caller {
 }
 
 impl Caller {
+    /// The database the connection uses (the URL's).
+    pub(super) fn db(&self) -> i64 {
+        self.shared.target.db
+    }
+
     /// Queues `request` (one command) now, and answers its reply (a server error as a value).
     pub(super) fn send_one(
         &self,
