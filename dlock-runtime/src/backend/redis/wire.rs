@@ -74,7 +74,8 @@ struct State {
     phase: Phase,
     /// Bytes of requests in `slots` not yet handed to the task's writer.
     out: Vec<u8>,
-    /// How many requests `out` holds.
+    /// How many requests `out` holds (what the socket did not take of a caller's write
+    /// counts as one): when a caller writes a batch.
     out_count: usize,
     /// Requests made while no connection was up, waiting for the next one.
     waiting: VecDeque<(Vec<u8>, Slot)>,
@@ -339,6 +340,34 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Writes `bytes` (requests whose slots are in line, ahead of `out`) as the writer, outside
+    /// the lock, then hands over: what the socket did not take goes before what was queued
+    /// meanwhile, and the task writes that. The lock again, and whether the task must be
+    /// woken (it may have found the caller writing and gone to wait).
+    fn write_as_caller<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        stream: &TcpStream,
+        bytes: &[u8],
+    ) -> (MutexGuard<'a, State>, bool) {
+        let generation = state.generation;
+        state.writer = Writer::Caller;
+        drop(state);
+        let written = write_now(stream, bytes);
+        let mut state = self.lock();
+        if state.generation != generation || state.writer != Writer::Caller {
+            // The connection failed meanwhile: the requests failed with it.
+            return (state, false);
+        }
+        if written < bytes.len() {
+            state.out.splice(0..0, bytes[written..].iter().copied());
+            state.out_count += 1;
+        }
+        let wake = !state.out.is_empty();
+        state.writer = if wake { Writer::Task } else { Writer::Nobody };
+        (state, wake)
+    }
+
     /// Puts one request in line (see the module documentation).
     fn queue(self: &Arc<Self>, request: Packed<'_>, slot: Slot) -> RedisResult<()> {
         let mut state = self.lock();
@@ -350,29 +379,10 @@ impl Shared {
                 // Nothing in flight: the caller writes, outside the lock (a loopback write
                 // runs the server's side of TCP too); requests made meanwhile go after it.
                 let stream = stream.clone();
-                let generation = state.generation;
-                state.writer = Writer::Caller;
                 state.slots.push_back(slot);
-                drop(state);
-                let bytes = request.to_vec();
-                let written = write_now(&stream, &bytes);
-                state = self.lock();
-                if state.generation != generation || state.writer != Writer::Caller {
-                    // The connection failed meanwhile: the request failed with it.
-                    return Ok(());
-                }
-                if written < bytes.len() {
-                    // What the socket did not take goes before what was queued meanwhile.
-                    state.out.splice(0..0, bytes[written..].iter().copied());
-                    state.out_count += 1;
-                }
-                if state.out.is_empty() {
-                    state.writer = Writer::Nobody;
-                    false
-                } else {
-                    state.writer = Writer::Task;
-                    true
-                }
+                let wake;
+                (state, wake) = self.write_as_caller(state, &stream, &request.to_vec());
+                wake
             }
             Phase::Up(_) => {
                 state.slots.push_back(slot);
@@ -388,25 +398,11 @@ impl Shared {
                         // add to it first): a full batch is written now by the caller that
                         // filled it, so that the server works while the others run.
                         let stream = stream.clone();
-                        let generation = state.generation;
-                        state.writer = Writer::Caller;
                         let bytes = std::mem::take(&mut state.out);
                         state.out_count = 0;
-                        drop(state);
-                        let written = write_now(&stream, &bytes);
-                        state = self.lock();
-                        if state.generation != generation || state.writer != Writer::Caller {
-                            // The connection failed meanwhile: the requests failed with it.
-                            return Ok(());
-                        }
-                        if written < bytes.len() {
-                            state.out.splice(0..0, bytes[written..].iter().copied());
-                            state.out_count += 1;
-                        }
-                        // Back to the task, which writes the rest (woken again: it may have
-                        // found the caller writing and gone to wait).
-                        state.writer = Writer::Task;
-                        true
+                        let wake;
+                        (state, wake) = self.write_as_caller(state, &stream, &bytes);
+                        wake
                     }
                     // The writer (the task, or a caller that hands over to it) writes them.
                     _ => false,
