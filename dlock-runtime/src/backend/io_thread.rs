@@ -62,13 +62,7 @@ impl IoThread {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        struct Abort<T>(tokio::task::JoinHandle<T>);
-        impl<T> Drop for Abort<T> {
-            fn drop(&mut self) {
-                self.0.abort();
-            }
-        }
-        let mut task = Abort(self.handle.spawn(work));
+        let mut task = AbortOnDrop(self.handle.spawn(work));
         (&mut task.0).await.map_err(|e| {
             LockError::backend(
                 None,
@@ -76,6 +70,15 @@ impl IoThread {
                 Some(std::sync::Arc::new(e)),
             )
         })
+    }
+}
+
+/// Aborts a task when dropped.
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::lease::{self, SharedLease};
 use super::{CONNECT_RETRIES, Contender, EtcdBackend, is_connect_error, ttl_seconds};
 use crate::LockError;
+use crate::backend::io_thread::AbortOnDrop;
 use crate::backend::mode::Mode;
 use crate::backend::{Attempt, Queued, Queueing};
 
@@ -230,7 +231,7 @@ impl EtcdBackend {
         }
         // Started when the contender first has to wait, for a lease of its own (the shared
         // lease has its keeper).
-        let mut keeper: Option<AbortOnDrop> = None;
+        let mut keeper: Option<AbortOnDrop<()>> = None;
         let mut waited = false;
         loop {
             // The predecessor: the newest key created before ours (and whether another is
@@ -453,13 +454,4 @@ fn acquired_under_fresh(
         },
         confirmed: Some(shared.confirmed()),
     })
-}
-
-/// Aborts a background task when dropped.
-pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

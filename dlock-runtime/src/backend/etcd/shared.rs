@@ -10,9 +10,9 @@ use std::time::Duration;
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
 use tokio::time::Instant;
 
-use super::queue::AbortOnDrop;
 use super::{Contender, EtcdBackend, ttl_seconds};
 use crate::LockError;
+use crate::backend::io_thread::AbortOnDrop;
 use crate::backend::mode::{Mode, permits_mismatch};
 use crate::backend::{Attempt, Queued, Queueing};
 
@@ -51,7 +51,7 @@ impl EtcdBackend {
             ));
         }
         let fence = u64::try_from(my_revision).ok();
-        let mut keeper: Option<AbortOnDrop> = None;
+        let mut keeper: Option<AbortOnDrop<()>> = None;
         let mut waited = false;
         loop {
             let options = GetOptions::new()
