@@ -3,8 +3,8 @@
 
 use std::future::Future;
 
-pub use crate::lock::OnLost;
-pub use crate::{LockBuilder, LockError};
+pub use crate::error::LockError;
+pub use crate::lock::{LockBuilder, OnLost};
 pub use core::time::Duration;
 
 /// The return types an annotated function may have: `Result<T, E>` with `E: From<LockError>`.
@@ -26,20 +26,20 @@ impl<T, E: From<LockError>> LockResult for Result<T, E> {
 
 /// A lock on `key` in the current runtime.
 pub fn lock(key: String) -> LockBuilder {
-    crate::lock(key)
+    crate::lock::lock(key)
 }
 
 /// One permit of the semaphore `key` of `permits` in the current runtime.
 pub fn semaphore(key: String, permits: u32) -> LockBuilder {
-    crate::semaphore(key, permits)
+    crate::lock::semaphore(key, permits)
 }
 
 /// A lock on every key of `keys` in the current runtime (the attribute's `keys = [..]`).
 pub fn lock_all(keys: Vec<String>) -> LockBuilder {
-    crate::lock_all(keys)
+    crate::lock::lock_all(keys)
 }
 
-/// The body of an annotated function run under `lock` (see [`crate::with_lock`]): the future
+/// The body of an annotated function run under `lock` (see [`crate::protect::with_lock`]): the future
 /// of `with_lock` itself, awaited by the function, which turns a lock failure into its return
 /// type with [`LockResult::from_lock_error`] (a future of its own around this one would cost a
 /// copy of it on every call; the attribute is on hot paths).
@@ -48,5 +48,5 @@ pub fn run<R: LockResult, F: Future<Output = R>>(
     on_lost: OnLost,
     body: F,
 ) -> impl Future<Output = Result<R, LockError>> {
-    crate::lock::protected(lock.on_lost(on_lost), body)
+    crate::protect::protected(lock.on_lost(on_lost), body)
 }

@@ -17,10 +17,10 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::LockError;
+use crate::error::LockError;
 
-/// `Retry-After` comes from [`LockError::holder_ttl`]: the holder's remaining lease as the
-/// current runtime saw it when the acquisition timed out (1 s when unknown).
+/// `Retry-After` comes from [`LockError::holder_ttl`]: the holder's remaining lease when the
+/// acquisition timed out, carried by the error (1 s when unknown).
 ///
 /// ```
 /// use axum::http::StatusCode;
@@ -31,10 +31,11 @@ use crate::LockError;
 /// let busy = LockError::Timeout {
 ///     key: "stock:42".into(),
 ///     waited: Duration::ZERO,
+///     holder_ttl: Some(Duration::from_millis(2500)),
 /// };
 /// let response = busy.into_response();
 /// assert_eq!(response.status(), StatusCode::CONFLICT);
-/// assert_eq!(response.headers()["retry-after"], "1"); // no runtime saw a holder
+/// assert_eq!(response.headers()["retry-after"], "3"); // rounded up
 /// ```
 impl IntoResponse for LockError {
     fn into_response(self) -> Response {
@@ -100,10 +101,11 @@ mod tests {
         let timeout = LockError::Timeout {
             key: "stock:42".into(),
             waited: Duration::from_millis(250),
+            holder_ttl: None,
         };
         let (status, retry, body) = answer(timeout).await;
         assert_eq!(status, StatusCode::CONFLICT);
-        assert_eq!(retry.as_deref(), Some("1"), "no runtime saw a holder");
+        assert_eq!(retry.as_deref(), Some("1"), "the holder's TTL is not known");
         assert_eq!(
             body,
             serde_json::json!({"error": "lock `stock:42` not acquired within 250ms", "key": "stock:42"})
@@ -186,9 +188,10 @@ mod tests {
             .expect("acquire");
         tokio::time::advance(Duration::from_millis(4500)).await;
         let err = rt.lock("stock:42").acquire().await.expect_err("busy");
-        let (err, ttl) = rt.scope(async { (err.clone(), err.holder_ttl()) }).await;
-        assert_eq!(ttl, Some(Duration::from_millis(15_500)));
-        let (status, retry, _) = rt.scope(answer(err)).await;
+        // A plain value: read outside any runtime, it still carries what it was told.
+        drop(rt);
+        assert_eq!(err.holder_ttl(), Some(Duration::from_millis(15_500)));
+        let (status, retry, _) = answer(err).await;
         assert_eq!(status, StatusCode::CONFLICT);
         assert_eq!(retry.as_deref(), Some("16"));
     }

@@ -1,31 +1,30 @@
 //! Configuring a runtime: the engine (by builder method or URL) and the runtime's policy
 //! options. Engine options are handed to the engine's own configuration, which validates them.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::runtime::Handle;
-
 use crate::backend::url::{EngineUrl, RUNTIME_OPTIONS};
-use crate::backend::{Context, EngineConfig, Setting};
-use crate::core::{Core, validate_lease};
-use crate::events::Observer;
-use crate::last_resort::LastResort;
-use crate::runtime::{DEFAULT_LEASE, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
-use crate::wait::WaitHub;
-use crate::watchdog::Watchdog;
-use crate::{LockError, Runtime, engines};
+use crate::backend::{EngineConfig, Setting};
+use crate::engines;
+use crate::error::LockError;
 
-/// Configures a [`Runtime`]; see [`Runtime::builder`].
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "dlock:";
+/// Default lease: 30 s.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default bound on one engine call and on connecting: 3 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Configures a [`Runtime`](crate::Runtime); see [`Runtime::builder`](crate::Runtime::builder).
 #[derive(Debug)]
 pub struct RuntimeBuilder {
-    engine: Option<Result<Box<dyn EngineConfig>, LockError>>,
+    pub(crate) engine: Option<Result<Box<dyn EngineConfig>, LockError>>,
     /// Engine options set on the builder, applied to the engine at `build`.
-    engine_options: Vec<(&'static str, Setting<'static>)>,
-    prefix: String,
-    default_lease: Duration,
-    default_wait: Duration,
-    timeout: Duration,
+    pub(crate) engine_options: Vec<(&'static str, Setting<'static>)>,
+    pub(crate) prefix: String,
+    pub(crate) default_lease: Duration,
+    pub(crate) default_wait: Duration,
+    pub(crate) timeout: Duration,
 }
 
 impl Clone for RuntimeBuilder {
@@ -200,7 +199,7 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Applies a URL (see [`Runtime::from_url`]): the runtime's options from its query, the
+    /// Applies a URL (see [`Runtime::from_url`](crate::Runtime::from_url)): the runtime's options from its query, the
     /// rest to the engine its scheme names. Builder methods called afterwards override what
     /// the URL set. A bad URL is [`LockError::InvalidConfig`] (its password redacted).
     ///
@@ -232,70 +231,5 @@ impl RuntimeBuilder {
             }
         }
         Ok(self.engine(Ok(engines::from_url(&parsed)?)))
-    }
-
-    /// Connects and starts the runtime's background work on the current tokio runtime.
-    ///
-    /// Errors: [`LockError::InvalidConfig`] for a bad option or URL or when no engine was
-    /// chosen; [`LockError::Backend`] when the engine cannot be reached within the timeout.
-    pub async fn build(self) -> Result<Runtime, LockError> {
-        let handle = Handle::try_current().map_err(|_| {
-            LockError::config("a lock runtime must be built inside a tokio runtime")
-        })?;
-        validate_lease(self.default_lease, "default lease")?;
-        if self.timeout.is_zero() {
-            return Err(LockError::config("timeout must be greater than zero"));
-        }
-        let mut config = self.engine.ok_or_else(|| {
-            LockError::config(
-                "no lock engine chosen: call .redis(url) or .memory() on the builder, or use Runtime::from_url",
-            )
-        })??;
-        for (name, value) in self.engine_options {
-            if !config.set(name, value)? {
-                return Err(LockError::config(format!(
-                    "`{name}` is not an option of the {} engine (its options: {})",
-                    config.name(),
-                    config.options().join(", ")
-                )));
-            }
-        }
-        let id: u64 = rand::random();
-        let (hub, ops) = WaitHub::new();
-        let engine = config.name();
-        let last_resort = LastResort::new(config.as_ref(), self.prefix.clone(), self.timeout);
-        let backend = config
-            .connect(Context {
-                prefix: self.prefix.clone(),
-                origin: format!("{id:016x}"),
-                timeout: self.timeout,
-                wakeups: hub.clone(),
-            })
-            .await?;
-        let observer = Arc::new(Observer::new(engine));
-        let watchdog = Arc::new(Watchdog::new(observer.clone()));
-        handle.spawn(WaitHub::run_subscriptions(ops, Arc::downgrade(&backend)));
-        handle.spawn(
-            watchdog
-                .clone()
-                .run(Arc::downgrade(&backend), backend.renew_batch_limit()),
-        );
-        Ok(Runtime {
-            core: Arc::new(Core {
-                id,
-                backend,
-                hub,
-                watchdog,
-                observer,
-                busy: Default::default(),
-                handle,
-                prefix: self.prefix,
-                default_lease: self.default_lease,
-                default_wait: self.default_wait,
-                engine,
-                timeout: self.timeout,
-                last_resort,
-            }),
-        })
     }
 }

@@ -7,23 +7,16 @@
 //! `join_all`) each run in a frame of their own and never see each other's holds: they are
 //! different owners. Spawned tasks do not inherit the frame at all.
 //!
-//! A body runs in an [`InChain`] future, which owns the body's [`Scope`] (the guard of the
-//! acquisition that opened it, and the frame, allocated only when something in the body asks
-//! for it: a nested call, a plain `acquire()`; a body that takes no lock of its own costs no
-//! allocation) and makes it the innermost level while it polls the body: a scoped thread-local
-//! points at it for the length of that poll, as a task-local would, without moving the scope in
-//! and out of the thread's slot at every poll. The same layer runs the body in its span and
-//! checks its lease before each step: one layer on every annotated call.
+//! A body runs with its [`Scope`] (the guard of the acquisition that opened it, and the frame,
+//! allocated only when something in the body asks for it) as the innermost level while it is
+//! polled ([`in_level`]): a scoped thread-local points at it for the length of that poll, as a
+//! task-local would, without moving the scope in and out of the thread's slot at every poll.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 
 use crate::guard::LockGuard;
-use crate::held::Held;
-use crate::lost::LossCheck;
+use crate::held::{Held, Registry};
 
 scoped_tls::scoped_thread_local! {
     /// The innermost level of the call chain whose body this thread is polling.
@@ -52,6 +45,16 @@ impl Scope {
             guard: Some(guard),
             frame: std::cell::OnceCell::new(),
         }
+    }
+
+    /// The guard of the acquisition that opened this level, until the body ends.
+    pub(crate) fn guard(&self) -> Option<&LockGuard> {
+        self.guard.as_ref()
+    }
+
+    /// The guard handed back when the body ends (`None` once taken).
+    pub(crate) fn take_guard(&mut self) -> Option<LockGuard> {
+        self.guard.take()
     }
 
     /// The holds taken fresh by the acquisition that opened this level, in canonical order.
@@ -136,11 +139,6 @@ impl Frame {
         std::iter::successors(Some(self), |f| f.parent.as_deref())
     }
 
-    /// Whether the frame `id` is this one or one of its callers.
-    pub(crate) fn descends_from(&self, id: u64) -> bool {
-        self.lineage().any(|f| f.id == id)
-    }
-
     /// The innermost hold of `key` in `runtime` visible from this frame.
     pub(crate) fn find(&self, runtime: u64, key: &str) -> Option<Arc<Held>> {
         self.lineage()
@@ -161,14 +159,19 @@ impl Frame {
         self.lock_holds().push(held);
     }
 
-    /// Forgets the innermost occurrence of `held` in this frame.
-    pub(crate) fn remove(&self, held: &Arc<Held>) {
-        self.lock_holds().remove(held);
-    }
-
     fn lock_holds(&self) -> std::sync::MutexGuard<'_, ChainHolds> {
         // Nothing panics while holding it; a poisoned lock still holds consistent data.
         self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Registry for Frame {
+    fn descends_from(&self, id: u64) -> bool {
+        self.lineage().any(|f| f.id == id)
+    }
+
+    fn remove(&self, held: &Arc<Held>) {
+        self.lock_holds().remove(held);
     }
 }
 
@@ -215,111 +218,10 @@ pub(crate) fn current_frame() -> Option<Arc<Frame>> {
     CHAIN.is_set().then(|| CHAIN.with(Scope::frame))
 }
 
-pin_project_lite::pin_project! {
-    /// A body running in its level of the call chain, in the span `span`, and (with a loss
-    /// check) only while the lease of the level's one key is not known lost: one layer around
-    /// the body, which runs on every annotated call.
-    pub(crate) struct InChain<F> {
-        // `None` once ended (dropped in its level, as it ran).
-        #[pin]
-        fut: Option<F>,
-        scope: Scope,
-        span: tracing::Span,
-        check: Option<LossCheck>,
-    }
-
-    impl<F> PinnedDrop for InChain<F> {
-        fn drop(this: Pin<&mut Self>) {
-            // A body cancelled mid-way is dropped in its level and span, as it ran.
-            let this = this.project();
-            drop_in_level(this.fut, this.scope, this.span);
-        }
-    }
-}
-
-/// How a body run by [`InChain`] ended: its output (`None`: the lease was lost and the body
-/// dropped), and the guard of its level, handed back.
-pub(crate) struct Ended<T> {
-    pub(crate) out: Option<T>,
-    pub(crate) guard: LockGuard,
-}
-
-impl<F: Future> InChain<F> {
-    /// `fut` run in `scope` and `span`; with `check`, stopped once the lease of the scope's
-    /// (one-key) guard is lost.
-    pub(crate) fn new(scope: Scope, span: tracing::Span, check: Option<LossCheck>, fut: F) -> Self {
-        Self {
-            fut: Some(fut),
-            scope,
-            span,
-            check,
-        }
-    }
-}
-
-/// Drops a body not yet ended in its level and span, as it ran.
-fn drop_in_level<F>(mut fut: Pin<&mut Option<F>>, scope: &Scope, span: &tracing::Span) {
-    if fut.is_some() {
-        let _entered = span.enter();
-        CHAIN.set(scope, || fut.set(None));
-    }
-}
-
-impl<F: Future> Future for InChain<F> {
-    type Output = Ended<F::Output>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let held = this.scope.guard.as_ref().map(|g| g.held());
-        if let (Some(check), Some(held)) = (this.check.as_mut(), held)
-            && !check.may_step(&**held)
-        {
-            drop_in_level(this.fut.as_mut(), this.scope, this.span);
-            return end(this.scope, None);
-        }
-        // A step the body may take without the watchdog tracking its hold (it has not
-        // waited yet): published, in case it blocks the thread past its first renewal.
-        if let (Some(check), Some(held)) = (this.check.as_ref(), held)
-            && !check.watching()
-            && held.is_untracked()
-        {
-            crate::watchdog::publish_first_step(held);
-        }
-        let polled = {
-            let _entered = this.span.enter();
-            let fut = &mut this.fut;
-            CHAIN.set(this.scope, || {
-                let polled = fut.as_mut().as_pin_mut().map(|f| f.poll(cx));
-                if let Some(Poll::Ready(_)) = polled {
-                    fut.set(None);
-                }
-                polled
-            })
-        };
-        match polled {
-            Some(Poll::Ready(out)) => end(this.scope, Some(out)),
-            // Polled after it ended: nothing left to run.
-            None => Poll::Pending,
-            Some(Poll::Pending) => {
-                if let (Some(check), Some(held)) = (this.check.as_mut(), held)
-                    && check.lost_while_waiting(held, cx)
-                {
-                    drop_in_level(this.fut, this.scope, this.span);
-                    return end(this.scope, None);
-                }
-                Poll::Pending
-            }
-        }
-    }
-}
-
-/// The body ended with `out`: hands back the level's guard.
-fn end<T>(scope: &mut Scope, out: Option<T>) -> Poll<Ended<T>> {
-    match scope.guard.take() {
-        Some(guard) => Poll::Ready(Ended { out, guard }),
-        // Only once the future was polled after it ended (the guard is taken only here).
-        None => Poll::Pending,
-    }
+/// Runs `f` with `scope` as the innermost level of the call chain on this thread (the body
+/// of that level is polled, or dropped, inside).
+pub(crate) fn in_level<R>(scope: &Scope, f: impl FnOnce() -> R) -> R {
+    CHAIN.set(scope, f)
 }
 
 /// The fencing token of the innermost lock held by this call chain, if any.
@@ -327,7 +229,7 @@ fn end<T>(scope: &mut Scope, out: Option<T>) -> Poll<Ended<T>> {
 /// Pass it to the storage you write under the lock so it can reject a stale holder. In the
 /// body of a multi-key lock (`keys = [..]`, `with_lock(lock_all(..))`) it is the token of the
 /// last key, in canonical order, that the call acquired (not re-entered); the guard's
-/// [`fences`](crate::LockGuard::fences) gives every key's.
+/// [`fences`](crate::guard::LockGuard::fences) gives every key's.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -16,7 +16,9 @@ use std::time::Duration;
 /// let err = LockError::Timeout {
 ///     key: "stock:42".into(),
 ///     waited: Duration::from_secs(1),
+///     holder_ttl: Some(Duration::from_secs(3)),
 /// };
+/// assert_eq!(err.holder_ttl(), Some(Duration::from_secs(3)));
 /// assert!(err.is_timeout());
 /// assert_eq!(err.to_string(), "lock `stock:42` not acquired within 1s");
 /// ```
@@ -29,6 +31,10 @@ pub enum LockError {
         key: String,
         /// How long the caller waited.
         waited: Duration,
+        /// What the holder had left of its lease when the acquisition gave up, as the
+        /// engine's last busy answer said (counted down to the moment the error was made);
+        /// `None` when unknown. See [`LockError::holder_ttl`].
+        holder_ttl: Option<Duration>,
     },
     /// The lease was lost while held: the engine says another owner (or nobody) holds the key,
     /// or the lease ran out without a confirmed renewal.
@@ -67,15 +73,14 @@ impl LockError {
         matches!(self, Self::InvalidConfig(_))
     }
 
-    /// For [`LockError::Timeout`]: the holder's remaining lease, as the current runtime (the
-    /// innermost [`Runtime::scope`](crate::Runtime::scope), else the installed one) last saw it
-    /// when an acquisition of this key timed out, counted down to now. What `Retry-After` is
-    /// made of (feature `axum`). `None` when unknown: no runtime, an engine that does not say
-    /// (etcd and ZooKeeper queues), a key held by the caller's own call chain, or a lease
+    /// For [`LockError::Timeout`]: the holder's remaining lease when the acquisition gave up
+    /// (captured as the error was made, from the engine's last busy answer). What
+    /// `Retry-After` is made of (feature `axum`). `None` when unknown: an engine that does not
+    /// say (etcd and ZooKeeper queues), a key held by the caller's own call chain, or a lease
     /// already over.
     pub fn holder_ttl(&self) -> Option<Duration> {
         match self {
-            Self::Timeout { key, .. } => crate::core::current().ok()?.busy.remaining(key),
+            Self::Timeout { holder_ttl, .. } => *holder_ttl,
             _ => None,
         }
     }

@@ -1,16 +1,20 @@
-//! The held lock: fence, lost signal, release (awaited or from `Drop`).
+//! The held lock: fence, lost signal, release (awaited or from `Drop`). The first guard of
+//! an acquisition ends it, exactly once: by its release, or from its `Drop`.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::LockError;
 use crate::backend::{Extension, Released};
-use crate::chain::Frame;
-use crate::core::{ReleaseOnDrop, end_in_engine, release_in_background};
-use crate::held::Held;
+use crate::error::LockError;
+use crate::handoff;
+use crate::held::{Held, Registry};
+use crate::lease::any_lost;
+use crate::release::{ReleaseOnDrop, end_in_engine};
 
 /// A held distributed lock.
 ///
@@ -42,7 +46,7 @@ pub struct LockGuard {
 enum Role {
     /// Acquired from the engine; registered in `frame` when taken by a plain `acquire()` in a
     /// call chain. Its exit releases the lock.
-    First { frame: Option<Arc<Frame>> },
+    First { frame: Option<Arc<dyn Registry>> },
     /// Re-entered a hold of its call chain; `scope` is the frame of a scoped re-entry.
     Reentrant { scope: Option<u64> },
 }
@@ -63,7 +67,7 @@ impl fmt::Debug for LockGuard {
 
 impl LockGuard {
     /// The guard of a fresh acquisition (registered in `frame`, if any).
-    pub(crate) fn first(held: Arc<Held>, frame: Option<Arc<Frame>>) -> Self {
+    pub(crate) fn first(held: Arc<Held>, frame: Option<Arc<dyn Registry>>) -> Self {
         Self {
             held,
             role: Role::First { frame },
@@ -162,7 +166,7 @@ impl LockGuard {
         if self.more.is_empty() {
             return self.held.lost().wait().await;
         }
-        crate::multi::any_lost(self.helds().map(|h| &**h.lost())).await;
+        any_lost(self.helds().map(|h| &**h.lost())).await;
     }
 
     /// How long the lock stays ours if no renewal succeeds from now on: the confirmed
@@ -199,7 +203,7 @@ impl LockGuard {
             .chain(more)
             .map(|guard| Box::pin(guard.release_one()))
             .collect();
-        crate::multi::join_all(releases)
+        join_all(releases)
             .await
             .into_iter()
             .find(Result::is_err)
@@ -226,7 +230,7 @@ impl LockGuard {
         // If this future is dropped before the engine answers (or the call fails), finish the
         // release in the background: owner-checked, so a no-op if it did land.
         let core = &held.core;
-        let finish = ReleaseOnDrop::new(core, &held.key, &held.owner, held.hold_until);
+        let finish = ReleaseOnDrop::new(&core.releaser, &held.key, &held.owner, held.hold_until);
         let result = if exit == Exit::Extend {
             match extend_for_the_next(&held).await {
                 Some(result) => result,
@@ -285,7 +289,7 @@ impl LockGuard {
     }
 
     /// Drops this guard's hold and says what the engine must be told: nothing (a re-entry, or
-    /// the lock went to a waiter of this runtime, see [`crate::handoff`]), a release, or a
+    /// the lock went to a waiter of this runtime, see `handoff`), a release, or a
     /// release that may keep the lock for the waiter next in line (its block of tokens used
     /// up; the watchdog entry stays until then).
     fn leave(&mut self) -> Exit {
@@ -299,11 +303,11 @@ impl LockGuard {
                 if observer.timed() {
                     observer.released(&self.held.key, self.held.acquired_at.elapsed());
                 }
-                if crate::handoff::pass(&self.held) {
+                if handoff::pass(&self.held) {
                     self.held.mark_passed();
                     return Exit::Nothing;
                 }
-                if crate::handoff::wants_extension(&self.held) {
+                if handoff::wants_extension(&self.held) {
                     return Exit::Extend;
                 }
                 self.held.unwatch();
@@ -345,7 +349,7 @@ async fn extend_for_the_next(held: &Held) -> Option<Result<Released, LockError>>
             let (id, _) =
                 core.watchdog
                     .register(&held.key, &held.owner, lease, drift, true, sent_at, None);
-            if crate::handoff::pass_extended(held, last, id) {
+            if handoff::pass_extended(held, last, id) {
                 held.mark_passed();
                 tracing::trace!(key = %held.key, "lock kept with a new block of fences for the next waiter");
                 return None;
@@ -369,8 +373,7 @@ impl Drop for LockGuard {
                 self.held.unwatch();
             }
             if exit != Exit::Nothing {
-                release_in_background(
-                    self.held.core.clone(),
+                self.held.core.releaser.release_in_background(
                     self.held.key.clone(),
                     self.held.owner.clone(),
                     self.held.hold_until,
@@ -378,4 +381,27 @@ impl Drop for LockGuard {
             }
         }
     }
+}
+
+/// Runs every future of `futures` at once; their outputs in the same order.
+async fn join_all<F: Future + Unpin>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<(F, Option<F::Output>)> = futures.into_iter().map(|f| (f, None)).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (fut, out) in &mut futures {
+            if out.is_none() {
+                match std::pin::Pin::new(fut).poll(cx) {
+                    Poll::Ready(value) => *out = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    futures.into_iter().filter_map(|(_, out)| out).collect()
 }

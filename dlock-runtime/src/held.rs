@@ -1,6 +1,10 @@
 //! One acquisition in the engine, shared by the guards of its reentrant holds.
+//!
+//! Its hold count is zero exactly when the acquisition ended: nobody re-enters it then. Only
+//! the innermost scoped user of a hold (or a frame it called) may re-enter it, so concurrent
+//! branches of one body take turns.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -8,10 +12,19 @@ use once_cell::sync::OnceCell;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::chain::Frame;
-
+use crate::backend::mode::Mode;
+use crate::baton::Baton;
 use crate::core::Core;
-use crate::watchdog::LostSignal;
+use crate::lease::{LostSignal, Validity, hold_left};
+use crate::watchdog::{FirstStep, Watchdog};
+
+/// A level of the call chain, as a hold sees it (`chain::Frame`).
+pub(crate) trait Registry: Send + Sync {
+    /// Whether the level `id` is this one or one of its callers.
+    fn descends_from(&self, id: u64) -> bool;
+    /// Forgets the innermost occurrence of `held` among this level's holds.
+    fn remove(&self, held: &Arc<Held>);
+}
 
 /// One acquisition in the engine, shared by the guards of its reentrant holds.
 pub(crate) struct Held {
@@ -33,8 +46,7 @@ pub(crate) struct Held {
     watchdog_id: AtomicU64,
     /// What it was acquired with (a hand-off goes only to a waiter asking the same).
     pub(crate) terms: Terms,
-    /// One past the last fencing token reserved for this acquisition (see
-    /// [`handoff`](crate::handoff)).
+    /// One past the last fencing token reserved for this acquisition (see `handoff`).
     pub(crate) fences_end: u64,
     /// When its acquisition request was sent (a hand-over: when it was handed over).
     pub(crate) acquired_at: Instant,
@@ -47,7 +59,7 @@ pub(crate) struct Held {
     /// Woken when a scoped re-entry ends or the hold ends: a sibling may take its turn.
     turn: Notify,
     /// Handed to another holder of this runtime when it ended (nothing to release).
-    passed: std::sync::atomic::AtomicBool,
+    passed: AtomicBool,
 }
 
 /// [`Held::watchdog_id`] of a hold the watchdog does not track yet.
@@ -87,7 +99,7 @@ pub(crate) struct Terms {
     /// when the hold ends sooner (zero: released at once).
     pub(crate) hold: Duration,
     /// Exclusive (write), read, or a semaphore permit.
-    pub(crate) mode: crate::backend::mode::Mode,
+    pub(crate) mode: Mode,
     /// A fair lock (`fair(true)`): never handed to a local waiter out of turn.
     pub(crate) fair: bool,
     /// Tracked by the watchdog only from [`Held::watch`] on: the hold of a scoped run, whose
@@ -133,12 +145,12 @@ impl Held {
         )
     }
 
-    /// A hold handed over by another holder of this runtime (see [`handoff`](crate::handoff)):
-    /// same engine hold and watchdog entry, the next fencing token, a lost signal of its own.
+    /// A hold handed over by another holder of this runtime (see `handoff`): same engine hold
+    /// and watchdog entry, the next fencing token, a lost signal of its own.
     pub(crate) fn handed(
         core: &Arc<Core>,
         key: String,
-        baton: crate::handoff::Baton,
+        baton: Baton,
         lost: Arc<LostSignal>,
         terms: Terms,
     ) -> Arc<Self> {
@@ -191,7 +203,7 @@ impl Held {
                 nested: Vec::new(),
             }),
             turn: Notify::new(),
-            passed: std::sync::atomic::AtomicBool::new(false),
+            passed: AtomicBool::new(false),
         })
     }
 
@@ -297,7 +309,7 @@ impl Held {
     /// Adds a reentrant hold for code running in `from`, if it is the innermost user's frame
     /// or called from it. `scope` is the frame a scoped re-entry opens (it becomes the
     /// innermost user until [`leave`](Held::leave) with the same scope).
-    pub(crate) fn reenter(&self, from: &Frame, scope: Option<u64>) -> Reentry {
+    pub(crate) fn reenter(&self, from: &dyn Registry, scope: Option<u64>) -> Reentry {
         let mut holds = self.holds();
         if holds.count == 0 {
             return Reentry::Ended;
@@ -350,13 +362,12 @@ impl Held {
 
     /// Records that the hold went to another holder of this runtime when it ended.
     pub(crate) fn mark_passed(&self) {
-        self.passed
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.passed.store(true, Ordering::Release);
     }
 
     /// Whether the hold went to another holder of this runtime when it ended.
     pub(crate) fn passed(&self) -> bool {
-        self.passed.load(std::sync::atomic::Ordering::Acquire)
+        self.passed.load(Ordering::Acquire)
     }
 
     /// How long the key must still stay taken after this hold ends (`hold_at_least`), if at
@@ -371,7 +382,7 @@ impl Held {
     }
 }
 
-impl crate::lost::Validity for Held {
+impl Validity for Held {
     fn expired_when_made(&self) -> bool {
         match self.signal.get() {
             Some(signal) => signal.expired_when_made(),
@@ -397,19 +408,32 @@ fn drift(core: &Core, lease: Duration) -> Duration {
     core.backend.lease_margin(lease).unwrap_or(lease)
 }
 
-/// What remains of a hold that keeps its key until `until`: `None` once it passed (or without
-/// a hold).
-pub(crate) fn hold_left(until: Option<Instant>) -> Option<Duration> {
-    until
-        .map(|until| until.saturating_duration_since(Instant::now()))
-        .filter(|left| !left.is_zero())
+impl FirstStep for Held {
+    fn watchdog(&self) -> &Arc<Watchdog> {
+        &self.core.watchdog
+    }
+
+    fn is_untracked(&self) -> bool {
+        Held::is_untracked(self)
+    }
+
+    fn first_due(&self) -> Instant {
+        Held::first_due(self)
+    }
+
+    fn effective(&self) -> Duration {
+        self.effective
+    }
+
+    fn watch(&self) {
+        Held::watch(self);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Runtime;
-    use crate::lost::Validity;
+    use crate::runtime::Runtime;
 
     /// A hold tracked only once its body waits has no lost signal until asked: it is checked
     /// on the clock against the validity confirmed at its registration, and the signal made

@@ -3,18 +3,20 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::core::Core;
-use crate::lock::LockBuilder;
-use crate::{LockError, LockInfo, MAX_KEY_LEN, RuntimeBuilder};
+use tokio::runtime::Handle;
 
-/// Default key prefix.
-pub const DEFAULT_PREFIX: &str = "dlock:";
-/// Default lease: 30 s.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// Default bound on one engine call and on connecting: 3 s.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+use crate::backend::Context;
+use crate::baton::Baton;
+use crate::builder::RuntimeBuilder;
+use crate::core::{Core, validate_lease};
+use crate::error::LockError;
+use crate::events::{LockEvent, Observer};
+use crate::inspect::LockInfo;
+use crate::lock::{LockBuilder, MAX_KEY_LEN};
+use crate::release::{LastResort, Releaser};
+use crate::wait::WaitHub;
+use crate::watchdog::Watchdog;
 
 /// A configured lock engine plus the policy around it: waiting, renewal, reentrancy, cleanup.
 ///
@@ -219,7 +221,7 @@ impl Runtime {
     /// # Ok(()) }
     /// ```
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        crate::lock::validate_key(key)?;
+        crate::lock::validate::validate_key(key)?;
         self.core.backend.inspect(key).await
     }
 
@@ -283,7 +285,7 @@ impl Runtime {
     /// ```
     ///
     /// [`EVENT_BUFFER`]: crate::EVENT_BUFFER
-    pub fn events(&self) -> tokio::sync::broadcast::Receiver<crate::LockEvent> {
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<LockEvent> {
         self.core.observer.subscribe()
     }
 
@@ -296,8 +298,88 @@ impl Runtime {
     }
 }
 
+impl RuntimeBuilder {
+    /// Connects and starts the runtime's background work on the current tokio runtime.
+    ///
+    /// Errors: [`LockError::InvalidConfig`] for a bad option or URL or when no engine was
+    /// chosen; [`LockError::Backend`] when the engine cannot be reached within the timeout.
+    pub async fn build(self) -> Result<Runtime, LockError> {
+        let handle = Handle::try_current().map_err(|_| {
+            LockError::config("a lock runtime must be built inside a tokio runtime")
+        })?;
+        validate_lease(self.default_lease, "default lease")?;
+        if self.timeout.is_zero() {
+            return Err(LockError::config("timeout must be greater than zero"));
+        }
+        let mut config = self.engine.ok_or_else(|| {
+            LockError::config(
+                "no lock engine chosen: call .redis(url) or .memory() on the builder, or use Runtime::from_url",
+            )
+        })??;
+        for (name, value) in self.engine_options {
+            if !config.set(name, value)? {
+                return Err(LockError::config(format!(
+                    "`{name}` is not an option of the {} engine (its options: {})",
+                    config.name(),
+                    config.options().join(", ")
+                )));
+            }
+        }
+        let id: u64 = rand::random();
+        let origin = format!("{id:016x}");
+        let (hub, ops) = WaitHub::<Baton>::new();
+        let engine = config.name();
+        let last_resort = LastResort::new(
+            config.as_ref(),
+            self.prefix.clone(),
+            origin.clone(),
+            self.timeout,
+        );
+        let backend = config
+            .connect(Context {
+                prefix: self.prefix.clone(),
+                origin,
+                timeout: self.timeout,
+                wakeups: hub.clone(),
+            })
+            .await?;
+        let observer = Arc::new(Observer::new(engine));
+        let watchdog = Arc::new(Watchdog::new(observer.clone()));
+        handle.spawn(WaitHub::run_subscriptions(ops, Arc::downgrade(&backend)));
+        handle.spawn(
+            watchdog
+                .clone()
+                .run(Arc::downgrade(&backend), backend.renew_batch_limit()),
+        );
+        let releaser = Arc::new(Releaser::new(
+            backend.clone(),
+            hub.clone(),
+            handle.clone(),
+            self.timeout,
+            last_resort,
+        ));
+        Ok(Runtime {
+            core: Arc::new(Core {
+                id,
+                backend,
+                hub,
+                watchdog,
+                observer,
+                releaser,
+                handle,
+                prefix: self.prefix,
+                default_lease: self.default_lease,
+                default_wait: self.default_wait,
+                engine,
+            }),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// A guard's hold counts from its acquisition; a `with_lock` hold from its body's first
@@ -307,7 +389,7 @@ mod tests {
         let rt = Runtime::from_url("memory://").await.expect("memory");
         let guard = rt.lock("a").acquire().await.expect("acquire");
         assert_eq!(rt.held_count(), 1);
-        let counted = crate::with_lock(rt.lock("b"), async {
+        let counted = crate::protect::with_lock(rt.lock("b"), async {
             tokio::task::yield_now().await;
             rt.held_count()
         })

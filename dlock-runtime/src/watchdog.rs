@@ -20,11 +20,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{DynBackend, Renewal};
+use crate::error::LockError;
 use crate::events::Observer;
-pub(crate) use crate::lost::LostSignal;
+use crate::lease::LostSignal;
 
 mod first_step;
-pub(crate) use first_step::publish as publish_first_step;
+pub(crate) use first_step::{FirstStep, publish as publish_first_step};
 
 #[derive(Debug)]
 struct Entry {
@@ -350,12 +351,7 @@ impl Watchdog {
     }
 
     /// Applies the outcome of one renewal call sent at `sent_at`.
-    fn settle(
-        &self,
-        ids: &[u64],
-        sent_at: Instant,
-        outcome: Result<Vec<Option<bool>>, crate::LockError>,
-    ) {
+    fn settle(&self, ids: &[u64], sent_at: Instant, outcome: Result<Vec<Option<bool>>, LockError>) {
         let now = Instant::now();
         if let Ok(renewed) = &outcome {
             tracing::trace!(locks = renewed.len(), "leases renewed");

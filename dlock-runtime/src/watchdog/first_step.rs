@@ -1,6 +1,6 @@
 //! Scoped holds in their body's first step, within the watchdog's sight.
 //!
-//! A scoped hold is registered with the watchdog when its body first waits ([`Held::watch`]):
+//! A scoped hold is registered with the watchdog when its body first waits ([`FirstStep::watch`]):
 //! most bodies end in their first step and are never registered. A body may instead block its
 //! thread in that step (a synchronous call in async code) for longer than a third of its
 //! lease, and the watchdog, running on another worker, must renew it all the same. So while a
@@ -23,16 +23,29 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Watchdog;
-use crate::held::Held;
+
+/// A scoped hold as the watchdog sees it in its first step.
+pub(crate) trait FirstStep: Send + Sync {
+    /// The watchdog of its runtime.
+    fn watchdog(&self) -> &Arc<Watchdog>;
+    /// Whether the watchdog does not track it yet.
+    fn is_untracked(&self) -> bool;
+    /// When its first renewal falls due.
+    fn first_due(&self) -> Instant;
+    /// The part of its lease counted on (renewals come every third of it).
+    fn effective(&self) -> Duration;
+    /// Has the watchdog track it, if it does not yet.
+    fn watch(&self);
+}
 
 /// One thread's slot: the last hold published on the thread.
 #[derive(Default)]
 struct Slot {
-    published: Mutex<Option<Weak<Held>>>,
+    published: Mutex<Option<Weak<dyn FirstStep>>>,
 }
 
 impl Slot {
-    fn published(&self) -> MutexGuard<'_, Option<Weak<Held>>> {
+    fn published(&self) -> MutexGuard<'_, Option<Weak<dyn FirstStep>>> {
         // One field replaced at a time: a poisoned lock is consistent.
         self.published
             .lock()
@@ -86,15 +99,15 @@ thread_local! {
 
 /// Publishes the hold `held`, whose body is about to take its first step, for its watchdog
 /// (see the module). A thread that is ending has no slot: its hold is registered at once.
-pub(crate) fn publish(held: &Arc<Held>) {
+pub(crate) fn publish<H: FirstStep + 'static>(held: &Arc<H>) {
     let published = SLOT.try_with(|slot| {
-        *slot.0.published() = Some(Arc::downgrade(held));
+        let weak: Weak<H> = Arc::downgrade(held);
+        let weak: Weak<dyn FirstStep> = weak;
+        *slot.0.published() = Some(weak);
     });
     match published {
-        Ok(()) => held.core.watchdog.first_step_published(held.effective),
-        Err(_) => {
-            held.watch();
-        }
+        Ok(()) => held.watchdog().first_step_published(held.effective()),
+        Err(_) => held.watch(),
     }
 }
 
@@ -120,7 +133,7 @@ pub(super) fn sweep(watchdog: &Arc<Watchdog>, by: Instant) -> Sweep {
             continue;
         };
         match held {
-            Some(held) if Arc::ptr_eq(&held.core.watchdog, watchdog) => {
+            Some(held) if Arc::ptr_eq(held.watchdog(), watchdog) => {
                 if !held.is_untracked() {
                     // Registered by its body (or ended): no longer this slot's concern.
                     published.take();
@@ -130,7 +143,7 @@ pub(super) fn sweep(watchdog: &Arc<Watchdog>, by: Instant) -> Sweep {
                         published.take();
                         due.push(held);
                     } else {
-                        let interval = held.effective / 3;
+                        let interval = held.effective() / 3;
                         found.period = Some(found.period.map_or(interval, |p| p.min(interval)));
                         found.earliest = Some(found.earliest.map_or(at, |e| e.min(at)));
                     }

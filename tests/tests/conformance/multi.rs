@@ -104,7 +104,7 @@ pub(crate) async fn a_set_with_one_busy_key_takes_none_of_them(engine: Engine) {
             .await;
         let took = started.elapsed();
         match &err {
-            LockError::Timeout { key, waited } => {
+            LockError::Timeout { key, waited, .. } => {
                 assert_eq!(key, b, "{engine:?}: the timeout names the busy key");
                 assert!(*waited >= wait, "{engine:?}: waited {waited:?} < {wait:?}");
             }

@@ -1,4 +1,4 @@
-//! Several keys at once ([`lock_all`](crate::lock_all)): canonical order, one wait budget for
+//! Several keys at once (`lock_all`): canonical order, one wait budget for
 //! the set, all or nothing, one guard over every key.
 //!
 //! The keys are sorted and merged, then taken in that order, so two acquisitions of
@@ -8,29 +8,20 @@
 //! an ordinary acquisition (re-entry, waiting, notifications) within what is left of the budget.
 //! A failure releases the keys already taken.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::Poll;
 
 use tokio::time::Instant;
 
-use crate::LockError;
-use crate::acquire::{FOREVER, new_owner};
+use super::builder::LockBuilder;
+use super::one;
+use crate::acquire::attempt::new_owner;
 use crate::backend::AttemptAll;
 use crate::chain::Frame;
-use crate::core::{Core, ReleaseOnDrop};
+use crate::core::{Core, FOREVER};
+use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::held::{Held, Terms};
-use crate::lock::LockBuilder;
-use crate::lost::LostSignal;
-
-/// The canonical order of a key set: sorted (bytewise), duplicates merged.
-pub(crate) fn canonical(keys: impl IntoIterator<Item = impl Into<String>>) -> Vec<String> {
-    let mut keys: Vec<String> = keys.into_iter().map(Into::into).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    keys
-}
+use crate::held::{Held, Registry, Terms};
+use crate::release::ReleaseOnDrop;
 
 /// Acquires every key of the multi-key lock `lock` in `core`, from the call-chain `frame`
 /// (`scope`: the frame a scoped acquisition opens for its body, see `LockBuilder::acquire_in`).
@@ -81,10 +72,13 @@ pub(crate) async fn acquire(
             Ok(Some(Ok(guard))) => return Ok(guard),
             Ok(Some(Err((index, ttl)))) if wait.is_zero() => {
                 let key = keys.get(index).cloned().unwrap_or_default();
-                core.busy.note(&key, ttl);
                 let waited = started.elapsed();
                 core.observer.timed_out(&key, waited);
-                return Err(LockError::Timeout { key, waited });
+                return Err(LockError::Timeout {
+                    key,
+                    waited,
+                    holder_ttl: ttl,
+                });
             }
             // Busy with time to wait, or no atomic step here: key by key.
             Ok(_) => {}
@@ -95,7 +89,12 @@ pub(crate) async fn acquire(
     for key in keys {
         let left = deadline.saturating_duration_since(Instant::now());
         // Boxed: one key's acquisition is a large future, polled here below the caller's.
-        let one = Box::pin(lock.one(core, key).wait(left).acquire_in(frame, scope));
+        let one = Box::pin(one::acquire(
+            lock.one(core, key).wait(left),
+            core,
+            frame,
+            scope,
+        ));
         match one.await {
             Ok(guard) => guards.push(guard),
             Err(err) => {
@@ -107,9 +106,12 @@ pub(crate) async fn acquire(
                     }
                 }
                 return Err(match err {
-                    LockError::Timeout { key, .. } => LockError::Timeout {
+                    LockError::Timeout {
+                        key, holder_ttl, ..
+                    } => LockError::Timeout {
                         key,
                         waited: started.elapsed(),
+                        holder_ttl,
                     },
                     err => err,
                 });
@@ -138,7 +140,7 @@ async fn at_once(
     };
     let compensate: Vec<_> = keys
         .iter()
-        .map(|key| ReleaseOnDrop::compensate(core, key, &owner))
+        .map(|key| ReleaseOnDrop::compensate(&core.releaser, key, &owner))
         .collect();
     let sent_at = Instant::now();
     let answer = request.await?;
@@ -152,6 +154,7 @@ async fn at_once(
         Some(_) => None,
         None => frame.cloned(),
     };
+    let registry = frame.clone().map(|f| f as Arc<dyn Registry>);
     let waited = started.elapsed();
     let mut guards = Vec::with_capacity(keys.len());
     for (key, fence) in keys.iter().zip(fences) {
@@ -162,99 +165,19 @@ async fn at_once(
         if core.observer.timed() {
             core.observer.acquired(key, fence, waited);
         }
-        guards.push(LockGuard::first(held, frame.clone()));
+        guards.push(LockGuard::first(held, registry.clone()));
     }
     Ok(LockGuard::over(guards).map(Ok))
-}
-
-/// Runs every future of `futures` at once; their outputs in the same order.
-pub(crate) async fn join_all<F: Future + Unpin>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<(F, Option<F::Output>)> = futures.into_iter().map(|f| (f, None)).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (fut, out) in &mut futures {
-            if out.is_none() {
-                match std::pin::Pin::new(fut).poll(cx) {
-                    Poll::Ready(value) => *out = Some(value),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    futures.into_iter().filter_map(|(_, out)| out).collect()
-}
-
-/// Resolves when any of `signals` is lost (see [`LockGuard::lost`]).
-pub(crate) async fn any_lost(signals: impl Iterator<Item = &LostSignal>) {
-    let signals: Vec<&LostSignal> = signals.collect();
-    loop {
-        // Registered before the check, so that no `fire` in between is missed.
-        let mut watches: Vec<_> = signals.iter().map(|s| s.watch()).collect();
-        if signals.iter().any(|s| s.is_lost()) {
-            return;
-        }
-        std::future::poll_fn(|cx| {
-            if watches.iter_mut().any(|w| w.as_mut().poll(cx).is_ready()) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
-    }
-}
-
-/// Runs `fut` until it completes (`Some`) or the lease of any of `holds` is known lost
-/// (`None`, `fut` dropped): the [`LossCheck`](crate::lost::LossCheck) of one key over several,
-/// each checked on the local clock before every step of `fut`.
-pub(crate) async fn run_unless_any_lost<F: Future>(
-    holds: &[Arc<Held>],
-    fut: F,
-) -> Option<F::Output> {
-    let signals: Vec<&LostSignal> = holds.iter().map(|h| &**h.lost()).collect();
-    tokio::pin!(fut);
-    let mut watching: Option<Vec<_>> = None;
-    std::future::poll_fn(|cx| {
-        if signals.iter().any(|s| s.is_lost() || s.expired()) {
-            return Poll::Ready(None);
-        }
-        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
-            return Poll::Ready(Some(out));
-        }
-        let watches = watching.get_or_insert_with(|| signals.iter().map(|s| s.watch()).collect());
-        if watches.iter_mut().any(|w| w.as_mut().poll(cx).is_ready())
-            || signals.iter().any(|s| s.is_lost())
-        {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn canonical_order_is_sorted_without_duplicates() {
-        assert_eq!(
-            canonical(["b", "a", "c", "a", "b"]),
-            ["a", "b", "c"].map(String::from)
-        );
-        assert!(canonical(Vec::<String>::new()).is_empty());
-    }
-
     const MS: std::time::Duration = std::time::Duration::from_millis(1);
 
-    async fn memory() -> crate::Runtime {
-        crate::Runtime::from_url("memory://")
+    async fn memory() -> crate::runtime::Runtime {
+        crate::runtime::Runtime::from_url("memory://")
             .await
             .expect("memory runtime")
     }

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::LockError;
-use crate::acquire::{ERROR_RETRY, compensated, new_owner, watch};
+use super::attempt::{ERROR_RETRY, compensated, new_owner, timed_out, watch};
 use crate::backend::Attempt;
 use crate::core::Core;
+use crate::error::LockError;
 use crate::held::{Held, Terms};
 
 /// How long a fair waiter's place in line lasts past its last heartbeat on Redis (or the
@@ -43,14 +43,7 @@ pub(crate) async fn acquire(
 ) -> Result<Arc<Held>, LockError> {
     let place = place_for(terms.lease);
     let heartbeat = place / 3;
-    let timeout = |key: String, seen_ttl: Option<(Duration, Instant)>| {
-        let holder_ttl = seen_ttl.map(|(ttl, at)| ttl.saturating_sub(at.elapsed()));
-        core.busy.note(&key, holder_ttl);
-        LockError::Timeout {
-            key,
-            waited: started.elapsed(),
-        }
-    };
+    let timeout = |key: String, seen| timed_out(key, started, seen);
     // Shares the runtime's subscription to the key's releases, and its local wake-ups.
     let ticket = core.hub.join(&key);
     let mut watched = false;

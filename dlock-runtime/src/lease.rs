@@ -1,16 +1,17 @@
 //! The lease state of one held lock: the lost signal and the confirmed validity.
+//!
+//! A signal is fired at most once (lost is final); the validity only moves forward with
+//! confirmed renewals, and is read on the local monotonic clock.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::Context;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
-
-use crate::held::Held;
 
 /// The lease state of one held lock, shared by its guards and the watchdog: the lost signal
 /// and the confirmed validity.
@@ -126,7 +127,7 @@ impl LostSignal {
     }
 }
 
-/// What a [`LossCheck`] reads of a lease: a [`LostSignal`], or a [`Held`] that may not have
+/// What a body's loss check reads of a lease: a [`LostSignal`], or a hold that may not have
 /// made its signal yet.
 pub(crate) trait Validity {
     /// Whether the validity had already run out when the clock was read at the registration.
@@ -151,89 +152,30 @@ impl Validity for LostSignal {
     }
 }
 
-/// Stops a body once its lease is known lost: before each step of the body the confirmed
-/// validity is checked on the local clock, so a body never takes another step once it ran out,
-/// even if the watchdog has not run yet (a process resumed after a pause); once the body has
-/// had to wait, the watchdog tracks its hold (see [`Held::watch`]) and the lost signal is
-/// watched too, so that a loss wakes it. A body that completes at once costs a few loads.
-pub(crate) struct LossCheck {
-    // The first step is checked against the clock reading of the signal's making.
-    first: bool,
-    // The lost notification, watched once the body has had to wait.
-    watching: Option<Pin<Box<OwnedNotified>>>,
-}
-
-impl LossCheck {
-    /// A check of a body not started yet. `fresh`: its lease's signal was made (its validity
-    /// set against the clock read then) in the same poll as the body's first step, so that
-    /// step is checked against that reading instead of a new one.
-    pub(crate) fn new(fresh: bool) -> Self {
-        Self {
-            first: fresh,
-            watching: None,
+/// Resolves when any of `signals` is lost.
+pub(crate) async fn any_lost(signals: impl Iterator<Item = &LostSignal>) {
+    let signals: Vec<&LostSignal> = signals.collect();
+    loop {
+        // Registered before the check, so that no `fire` in between is missed.
+        let mut watches: Vec<_> = signals.iter().map(|s| s.watch()).collect();
+        if signals.iter().any(|s| s.is_lost()) {
+            return;
         }
-    }
-
-    /// Whether the body may take its next step (the `lease` is not known lost).
-    pub(crate) fn may_step(&mut self, lease: &impl Validity) -> bool {
-        let expired = if std::mem::take(&mut self.first) {
-            lease.expired_when_made()
-        } else {
-            lease.expired()
-        };
-        !(lease.is_lost() || expired)
-    }
-
-    /// Whether the body has had to wait (its hold is tracked, and its lost signal watched).
-    pub(crate) fn watching(&self) -> bool {
-        self.watching.is_some()
-    }
-
-    /// After a step that left the body waiting: whether the lease of `held` is known lost by
-    /// now (the task is woken when it is). The first time, has the watchdog track the hold.
-    pub(crate) fn lost_while_waiting(&mut self, held: &Held, cx: &mut Context<'_>) -> bool {
-        let lost = self.watching.get_or_insert_with(|| {
-            held.watch();
-            held.lost().watch()
-        });
-        lost.as_mut().poll(cx).is_ready() || held.is_lost()
+        std::future::poll_fn(|cx| {
+            if watches.iter_mut().any(|w| w.as_mut().poll(cx).is_ready()) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A body resumed after its validity ran out (the process was stopped; the watchdog has not
-    /// run since) takes no further step.
-    #[tokio::test(start_paused = true)]
-    async fn no_step_after_the_validity_ran_out_even_before_the_watchdog_runs() {
-        let signal = LostSignal::default();
-        signal.set_valid_until(Instant::now() + Duration::from_secs(1));
-        let mut check = LossCheck::new(false);
-        let mut steps = 0;
-        while check.may_step(&signal) && steps < 10 {
-            steps += 1;
-            tokio::time::advance(Duration::from_millis(400)).await;
-        }
-        assert!(!signal.is_lost(), "nobody fired the signal");
-        // Steps at 0, 400 and 800 ms; none at 1200 ms.
-        assert_eq!(steps, 3);
-    }
-
-    /// A hold whose validity had run out before it was registered (the acquire's answer came
-    /// back later than the lease) takes no step, although its first step is checked against
-    /// the registration's clock reading rather than a new one.
-    #[tokio::test(start_paused = true)]
-    async fn fresh_hold_whose_validity_ran_out_before_it_was_registered_takes_no_step() {
-        let sent = Instant::now();
-        tokio::time::advance(Duration::from_secs(2)).await;
-        let signal = LostSignal::default();
-        signal.set_valid_until(sent + Duration::from_secs(1));
-        assert!(!LossCheck::new(true).may_step(&signal));
-        // Still valid when registered: the first step runs.
-        let signal = LostSignal::default();
-        signal.set_valid_until(Instant::now() + Duration::from_secs(1));
-        assert!(LossCheck::new(true).may_step(&signal));
-    }
+/// What remains of a hold that keeps its key until `until` (`hold_at_least`): `None` once it
+/// passed (or without a hold).
+pub(crate) fn hold_left(until: Option<Instant>) -> Option<Duration> {
+    until
+        .map(|until| until.saturating_duration_since(Instant::now()))
+        .filter(|left| !left.is_zero())
 }
