@@ -1,10 +1,25 @@
-//! The one table from a URL scheme, or a builder method, to an engine's configuration. Adding
-//! an engine is a folder under `backend/` plus a line here.
+//! The engines this crate knows: one [`Descriptor`] each (its name, URL schemes, cargo
+//! feature and how a URL configures it), in one table. URL schemes and the messages that list
+//! them come from the table; a new engine is a folder under `backend/` plus one line here.
 
-use crate::LockError;
 use crate::backend::EngineConfig;
-use crate::backend::memory::MemoryConfig;
 use crate::backend::url::EngineUrl;
+use crate::error::LockError;
+
+/// How a parsed URL configures an engine.
+type FromUrl = fn(&EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError>;
+
+/// One engine, as the scheme table knows it.
+pub(crate) struct Descriptor {
+    /// Its name in messages.
+    pub(crate) name: &'static str,
+    /// The URL schemes it answers to, the usual one first.
+    pub(crate) schemes: &'static [&'static str],
+    /// The cargo feature that builds it (`None`: always built).
+    pub(crate) feature: Option<&'static str>,
+    /// Configures it from a URL of one of its schemes; `None` when its feature is off.
+    pub(crate) from_url: Option<FromUrl>,
+}
 
 /// `$make` when the crate has `$feature`, else `InvalidConfig` saying which feature `$what`
 /// needs.
@@ -21,40 +36,82 @@ macro_rules! with_feature {
     }};
 }
 
+/// The descriptor of an engine built under `$feature`, configured by `$config::from_url`.
+macro_rules! engine {
+    ($name:literal, $feature:literal, [$($scheme:literal),+], $($config:ident)::+) => {
+        Descriptor {
+            name: $name,
+            schemes: &[$($scheme),+],
+            feature: Some($feature),
+            from_url: {
+                #[cfg(feature = $feature)]
+                const FROM_URL: Option<FromUrl> = Some(crate::backend::$($config)::+::from_url);
+                #[cfg(not(feature = $feature))]
+                const FROM_URL: Option<FromUrl> = None;
+                FROM_URL
+            },
+        }
+    };
+}
+
+/// Every engine, in the order messages list them.
+pub(crate) static ENGINES: &[Descriptor] = &[
+    engine!(
+        "Redis",
+        "redis",
+        ["redis", "rediss", "redis+cluster", "rediss+cluster"],
+        redis::config::RedisConfig
+    ),
+    engine!(
+        "Redlock",
+        "redis",
+        ["redlock"],
+        redlock::config::RedlockConfig
+    ),
+    engine!("etcd", "etcd", ["etcd"], etcd::config::EtcdConfig),
+    engine!(
+        "ZooKeeper",
+        "zookeeper",
+        ["zk", "zookeeper"],
+        zookeeper::config::ZooKeeperConfig
+    ),
+    Descriptor {
+        name: "memory",
+        schemes: &["memory"],
+        feature: None,
+        from_url: Some(crate::backend::memory::MemoryConfig::from_url),
+    },
+];
+
 /// The engine of a URL, configured by its base, fragment and options.
 pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
-    match url.scheme {
-        "memory" => MemoryConfig::from_url(url),
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => with_feature!(
-            "redis",
-            format!("`{}://`", url.scheme),
-            crate::backend::redis::config::RedisConfig::from_url(url)
-        ),
-        "redlock" => with_feature!(
-            "redis",
-            format!("`{}://`", url.scheme),
-            crate::backend::redlock::config::RedlockConfig::from_url(url)
-        ),
-        "etcd" => with_feature!(
-            "etcd",
-            format!("`{}://`", url.scheme),
-            crate::backend::etcd::config::EtcdConfig::from_url(url)
-        ),
-        "zk" | "zookeeper" => with_feature!(
-            "zookeeper",
-            format!("`{}://`", url.scheme),
-            crate::backend::zookeeper::config::ZooKeeperConfig::from_url(url)
-        ),
-        other => Err(LockError::config(format!(
-            "unsupported scheme `{other}` in `{}`; expected one of redis, rediss, redis+cluster, redlock, etcd, zk, memory",
-            url.url
+    let Some(engine) = ENGINES.iter().find(|e| e.schemes.contains(&url.scheme)) else {
+        return Err(LockError::config(format!(
+            "unsupported scheme `{}` in `{}`; expected one of {}",
+            url.scheme,
+            url.url,
+            schemes().collect::<Vec<_>>().join(", ")
+        )));
+    };
+    match engine.from_url {
+        Some(from_url) => from_url(url),
+        None => Err(LockError::config(format!(
+            "`{}://` ({}) needs the `{}` feature of dlock-runtime",
+            url.scheme,
+            engine.name,
+            engine.feature.unwrap_or_default()
         ))),
     }
 }
 
+/// Every scheme of every engine, in the table's order.
+pub(crate) fn schemes() -> impl Iterator<Item = &'static str> {
+    ENGINES.iter().flat_map(|e| e.schemes.iter().copied())
+}
+
 /// The in-process engine.
 pub(crate) fn memory() -> Result<Box<dyn EngineConfig>, LockError> {
-    Ok(Box::new(MemoryConfig))
+    Ok(Box::new(crate::backend::memory::MemoryConfig))
 }
 
 /// One Redis server.
@@ -105,4 +162,34 @@ pub(crate) fn zookeeper(connect: String) -> Result<Box<dyn EngineConfig>, LockEr
             crate::backend::zookeeper::config::ZooKeeperConfig::new(connect),
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every scheme names one engine, and an unknown one is refused with all of them listed.
+    #[test]
+    fn schemes_name_one_engine_each_and_messages_list_them_all() {
+        let all: Vec<&str> = schemes().collect();
+        let mut unique = all.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            all.len(),
+            "a scheme names two engines: {all:?}"
+        );
+        let url = EngineUrl::parse("nosuch://h:1").expect("parses");
+        assert!(
+            ENGINES
+                .iter()
+                .all(|e| !e.name.is_empty() && !e.schemes.is_empty())
+        );
+        let err = from_url(&url).map(drop).expect_err("unknown scheme");
+        let shown = err.to_string();
+        for scheme in all {
+            assert!(shown.contains(scheme), "{scheme} missing from: {shown}");
+        }
+    }
 }
