@@ -104,7 +104,7 @@ pub(crate) fn redact_owner(token: &str) -> String {
 /// Whether `text` is an owner token as the runtime makes them: 32 hex digits (see
 /// `acquire::new_owner`). Anything else in a lock's place is not a holder the runtime made.
 #[cfg_attr(
-    not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
+    not(server_engines),
     allow(dead_code, reason = "read by the engines with a server")
 )]
 pub(crate) fn is_owner_token(text: &str) -> bool {

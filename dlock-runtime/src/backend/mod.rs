@@ -19,7 +19,7 @@ use crate::{LockError, LockInfo};
 
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
-#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+#[cfg(queued_engines)]
 pub(crate) mod io_thread;
 pub(crate) mod memory;
 pub(crate) mod mode;
@@ -27,7 +27,7 @@ pub(crate) mod mode;
 pub(crate) mod redis;
 #[cfg(feature = "redis")]
 pub(crate) mod redlock;
-#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+#[cfg(queued_engines)]
 pub(crate) mod successor;
 pub(crate) mod url;
 #[cfg(feature = "zookeeper")]
@@ -110,7 +110,7 @@ pub(crate) struct Queued {
 }
 
 #[cfg_attr(
-    not(any(feature = "etcd", feature = "zookeeper")),
+    not(queued_engines),
     allow(dead_code, reason = "made by the engines with a queue of their own")
 )]
 impl Queued {
@@ -168,10 +168,7 @@ pub(crate) trait Wakeups: Send + Sync + 'static {
 
 /// What the runtime hands an engine when it connects.
 #[derive(Clone)]
-#[cfg_attr(
-    not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(server_engines), allow(dead_code))]
 pub(crate) struct Context {
     /// Prefix of every engine key (`"dlock:"`).
     pub(crate) prefix: String,
