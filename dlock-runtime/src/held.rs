@@ -16,7 +16,7 @@ use crate::backend::mode::Mode;
 use crate::baton::Baton;
 use crate::core::Core;
 use crate::lease::{LostSignal, Validity, hold_left};
-use crate::watchdog::{FirstStep, Watchdog};
+use crate::watchdog::{FirstStep, publish_first_step};
 
 /// A level of the call chain, as a hold sees it (`chain::Frame`).
 pub(crate) trait Registry: Send + Sync {
@@ -246,6 +246,17 @@ impl Held {
         }
     }
 
+    /// Publishes this hold, whose body is about to take its first step untracked, for the
+    /// watchdog (see `watchdog::first_step`): registered by it if the step still runs when its
+    /// first renewal falls due.
+    pub(crate) fn publish_first_step(self: &Arc<Self>) {
+        if publish_first_step(self) {
+            self.core.watchdog.first_step_published(self.effective);
+        } else {
+            self.watch();
+        }
+    }
+
     /// Whether the watchdog does not track this hold (yet: a scoped hold whose body has not
     /// waited, see [`Held::watch`]).
     pub(crate) fn is_untracked(&self) -> bool {
@@ -409,8 +420,8 @@ fn drift(core: &Core, lease: Duration) -> Duration {
 }
 
 impl FirstStep for Held {
-    fn watchdog(&self) -> &Arc<Watchdog> {
-        &self.core.watchdog
+    fn scheduler(&self) -> u64 {
+        self.core.watchdog.id()
     }
 
     fn is_untracked(&self) -> bool {

@@ -15,7 +15,6 @@ use crate::guard::LockGuard;
 use crate::held::Held;
 use crate::lease::{LostSignal, Validity};
 use crate::lock::{LockBuilder, OnLost};
-use crate::watchdog::publish_first_step;
 
 /// Runs `fut` while holding `lock`, releasing it on every exit path.
 ///
@@ -213,7 +212,7 @@ impl<F: Future> Future for InChain<F> {
             && !check.watching()
             && held.is_untracked()
         {
-            publish_first_step(held);
+            held.publish_first_step();
         }
         let polled = {
             let _entered = this.span.enter();

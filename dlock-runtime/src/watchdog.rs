@@ -11,7 +11,7 @@
 //! With `watchdog(false)` an entry is never renewed: its validity is the hard cap.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
@@ -24,69 +24,14 @@ use crate::error::LockError;
 use crate::events::Observer;
 use crate::lease::LostSignal;
 
+mod clock;
+mod entry;
 mod first_step;
+use entry::{Entry, IdHasher};
 pub(crate) use first_step::{FirstStep, publish as publish_first_step};
 
-#[derive(Debug)]
-struct Entry {
-    /// The owner token then the key, in one allocation (see [`Entry::key`], [`Entry::owner`]).
-    owner_key: String,
-    owner_len: usize,
-    lease: Duration,
-    /// Part of the lease not counted on (engine clock drift).
-    drift: Duration,
-    renew: bool,
-    due: Instant,
-    valid_until: Instant,
-    in_flight: bool,
-    lost: Arc<LostSignal>,
-}
-
-impl Entry {
-    fn key(&self) -> &str {
-        self.owner_key.get(self.owner_len..).unwrap_or_default()
-    }
-
-    fn owner(&self) -> &str {
-        self.owner_key.get(..self.owner_len).unwrap_or_default()
-    }
-
-    /// The part of the lease counted on (renewals come every third of it).
-    fn effective(&self) -> Duration {
-        self.lease.saturating_sub(self.drift)
-    }
-
-    /// When the scheduler must look at this entry next.
-    fn next_look(&self) -> Instant {
-        if self.renew && !self.in_flight {
-            self.due.min(self.valid_until)
-        } else {
-            self.valid_until
-        }
-    }
-}
-
-/// Hashes the scheduler's own entry ids (consecutive numbers, never chosen by a caller):
-/// one multiplication instead of SipHash's rounds.
-#[derive(Debug, Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        // Fibonacci hashing: spreads consecutive ids over the high bits the table reads.
-        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
+/// Ids of watchdogs, one per runtime (0 is none).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 #[derive(Debug, Default)]
 struct State {
@@ -102,6 +47,8 @@ struct State {
 /// The renewal scheduler of one runtime.
 #[derive(Debug)]
 pub(crate) struct Watchdog {
+    /// Unique in the process: names this watchdog to the holds published in their first step.
+    id: u64,
     state: Mutex<State>,
     /// Whether the scheduler looks at the scoped holds published in their first step at least
     /// once every `first_step_period` (see `first_step`).
@@ -145,6 +92,7 @@ struct Collected {
 impl Watchdog {
     pub(crate) fn new(observer: Arc<Observer>) -> Self {
         Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             state: Mutex::default(),
             first_steps: AtomicBool::new(false),
             first_step_period: AtomicU64::new(u64::MAX),
@@ -153,6 +101,11 @@ impl Watchdog {
             closed: AtomicBool::new(false),
             observer,
         }
+    }
+
+    /// Unique in the process (see [`FirstStep::scheduler`]).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// A scoped hold whose renewals come every third of `effective` was published in its
@@ -417,7 +370,7 @@ impl Watchdog {
                 state.first_step_look = None;
                 self.first_steps.store(false, Ordering::SeqCst);
             }
-            let first_steps = first_step::sweep(&self, now);
+            let first_steps = first_step::sweep(self.id, now);
             let Collected {
                 batch,
                 capped,
@@ -493,63 +446,6 @@ impl Watchdog {
                 }
                 None => self.wake.notified().await,
             }
-        }
-    }
-}
-
-impl Watchdog {
-    /// Starts the clock thread (see [`clock`]); without one, the scheduler task is woken
-    /// directly and by its own timer only.
-    fn start_clock(self: &Arc<Self>) {
-        let watchdog = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new()
-            .name("dlock-watchdog".into())
-            .spawn(move || clock(&watchdog));
-        match spawned {
-            Ok(thread) => {
-                // Set once, here; the thread reads the plan itself when it starts.
-                let _ = self.clock.set(thread.thread().clone());
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "no watchdog clock thread: renewals wait on the runtime's own timers");
-            }
-        }
-    }
-}
-
-/// The clock thread of a watchdog: wakes the scheduler task, from outside the runtime, when
-/// each look it planned comes (once per planned look), so that it runs on a worker that is not
-/// blocked, and that worker drives the runtime's timers and sockets if the one that did is
-/// blocked (tokio leaves them to the worker that parked last). The task also sleeps on its
-/// own timer (which follows tokio's clock when a test pauses it). Ends with the watchdog.
-fn clock(watchdog: &Weak<Watchdog>) {
-    let mut woken_for: Option<Instant> = None;
-    loop {
-        let Some(wd) = watchdog.upgrade() else {
-            return;
-        };
-        if wd.closed.load(Ordering::Acquire) {
-            return;
-        }
-        let next = wd.state().next_wake;
-        let wait = match next {
-            Some(at) if Some(at) != woken_for => {
-                let left = at.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    wd.wake.notify_one();
-                    woken_for = Some(at);
-                    None
-                } else {
-                    Some(left)
-                }
-            }
-            // Nothing planned, or woken for it already: until the plan changes.
-            _ => None,
-        };
-        drop(wd);
-        match wait {
-            Some(left) => std::thread::park_timeout(left),
-            None => std::thread::park(),
         }
     }
 }

@@ -22,12 +22,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Watchdog;
-
 /// A scoped hold as the watchdog sees it in its first step.
 pub(crate) trait FirstStep: Send + Sync {
-    /// The watchdog of its runtime.
-    fn watchdog(&self) -> &Arc<Watchdog>;
+    /// The id of its runtime's watchdog (see `Watchdog::id`).
+    fn scheduler(&self) -> u64;
     /// Whether the watchdog does not track it yet.
     fn is_untracked(&self) -> bool;
     /// When its first renewal falls due.
@@ -98,17 +96,15 @@ thread_local! {
 }
 
 /// Publishes the hold `held`, whose body is about to take its first step, for its watchdog
-/// (see the module). A thread that is ending has no slot: its hold is registered at once.
-pub(crate) fn publish<H: FirstStep + 'static>(held: &Arc<H>) {
-    let published = SLOT.try_with(|slot| {
+/// (see the module); the caller then tells the watchdog (`Watchdog::first_step_published`).
+/// `false` on a thread that is ending, which has no slot: register the hold at once instead.
+pub(crate) fn publish<H: FirstStep + 'static>(held: &Arc<H>) -> bool {
+    SLOT.try_with(|slot| {
         let weak: Weak<H> = Arc::downgrade(held);
         let weak: Weak<dyn FirstStep> = weak;
         *slot.0.published() = Some(weak);
-    });
-    match published {
-        Ok(()) => held.watchdog().first_step_published(held.effective()),
-        Err(_) => held.watch(),
-    }
+    })
+    .is_ok()
 }
 
 /// What the watchdog's look at the slots found.
@@ -121,9 +117,9 @@ pub(super) struct Sweep {
     pub(super) earliest: Option<Instant>,
 }
 
-/// Registers the holds of `watchdog` published in a slot whose first renewal is due by `by`,
-/// and drops from the slots the holds that are gone or registered already.
-pub(super) fn sweep(watchdog: &Arc<Watchdog>, by: Instant) -> Sweep {
+/// Registers the holds of the watchdog `scheduler` published in a slot whose first renewal is
+/// due by `by`, and drops from the slots the holds that are gone or registered already.
+pub(super) fn sweep(scheduler: u64, by: Instant) -> Sweep {
     let all = slots().all.clone();
     let mut due = Vec::new();
     let mut found = Sweep::default();
@@ -133,7 +129,7 @@ pub(super) fn sweep(watchdog: &Arc<Watchdog>, by: Instant) -> Sweep {
             continue;
         };
         match held {
-            Some(held) if Arc::ptr_eq(held.watchdog(), watchdog) => {
+            Some(held) if held.scheduler() == scheduler => {
                 if !held.is_untracked() {
                     // Registered by its body (or ended): no longer this slot's concern.
                     published.take();
