@@ -16,7 +16,7 @@ use crate::backend::mode::Mode;
 use crate::baton::Baton;
 use crate::core::Core;
 use crate::lease::{LostSignal, Validity, hold_left};
-use crate::watchdog::{FirstStep, publish_first_step};
+use crate::watchdog::{FirstStep, Published, publish_first_step};
 
 /// A level of the call chain, as a hold sees it (`chain::Frame`).
 pub(crate) trait Registry: Send + Sync {
@@ -247,14 +247,16 @@ impl Held {
     }
 
     /// Publishes this hold, whose body is about to take its first step untracked, for the
-    /// watchdog (see `watchdog::first_step`): registered by it if the step still runs when its
-    /// first renewal falls due.
-    pub(crate) fn publish_first_step(self: &Arc<Self>) {
-        if publish_first_step(self) {
+    /// watchdog (see `watchdog::first_step`) while the returned value lives: registered by it
+    /// if the step still runs when its first renewal falls due.
+    pub(crate) fn publish_first_step(self: &Arc<Self>) -> Option<Published> {
+        let published = publish_first_step(self);
+        if published.is_some() {
             self.core.watchdog.first_step_published(self.effective);
         } else {
             self.watch();
         }
+        published
     }
 
     /// Whether the watchdog does not track this hold (yet: a scoped hold whose body has not

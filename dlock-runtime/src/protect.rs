@@ -207,13 +207,14 @@ impl<F: Future> Future for InChain<F> {
             return end(this.scope, None);
         }
         // A step the body may take without the watchdog tracking its hold (it has not
-        // waited yet): published, in case it blocks the thread past its first renewal.
-        if let (Some(check), Some(held)) = (this.check.as_ref(), held)
-            && !check.watching()
-            && held.is_untracked()
-        {
-            held.publish_first_step();
-        }
+        // waited yet): published for the length of the step, in case it blocks the thread
+        // past its first renewal.
+        let _published = match (this.check.as_ref(), held) {
+            (Some(check), Some(held)) if !check.watching() && held.is_untracked() => {
+                held.publish_first_step()
+            }
+            _ => None,
+        };
         let polled = {
             let _entered = this.span.enter();
             let fut = &mut this.fut;

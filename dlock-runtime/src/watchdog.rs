@@ -28,7 +28,7 @@ mod clock;
 mod entry;
 mod first_step;
 use entry::{Entry, IdHasher};
-pub(crate) use first_step::{FirstStep, publish as publish_first_step};
+pub(crate) use first_step::{FirstStep, Published, publish as publish_first_step};
 
 /// Ids of watchdogs, one per runtime (0 is none).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);

@@ -12,8 +12,8 @@
 //! look ([`Watchdog::cover_first_step`]); any other publication costs one short lock and two
 //! loads.
 //!
-//! A slot keeps its last hold (a weak reference) until the next publication on its thread or
-//! the watchdog's look: there is nothing to withdraw. Ordering: the body publishes, then reads
+//! A publication lasts one step of its body: when the step returns, the slot holds again what
+//! it held before (the hold of an enclosing body still in its step, or nothing). Ordering: the body publishes, then reads
 //! whether the watchdog is looking; the watchdog clears that flag, then reads the slots: either
 //! the body sees the flag cleared and has it look, or the watchdog sees the hold.
 
@@ -96,15 +96,34 @@ thread_local! {
 }
 
 /// Publishes the hold `held`, whose body is about to take its first step, for its watchdog
-/// (see the module); the caller then tells the watchdog (`Watchdog::first_step_published`).
-/// `false` on a thread that is ending, which has no slot: register the hold at once instead.
-pub(crate) fn publish<H: FirstStep + 'static>(held: &Arc<H>) -> bool {
+/// (see the module), for as long as the returned value lives: the length of the step. The
+/// caller then tells the watchdog (`Watchdog::first_step_published`). `None` on a thread that
+/// is ending, which has no slot: register the hold at once instead.
+pub(crate) fn publish<H: FirstStep + 'static>(held: &Arc<H>) -> Option<Published> {
     SLOT.try_with(|slot| {
         let weak: Weak<H> = Arc::downgrade(held);
         let weak: Weak<dyn FirstStep> = weak;
-        *slot.0.published() = Some(weak);
+        Published {
+            previous: slot.0.published().replace(weak),
+        }
     })
-    .is_ok()
+    .ok()
+}
+
+/// A hold published in its thread's slot for one step of its body. Dropped when the step
+/// returns, it puts back what the slot held before: the hold of the body around it, whose
+/// step goes on (a nested locked call that ends within the outer body's first step must not
+/// leave the outer hold out of the watchdog's sight).
+#[must_use = "the hold is published only while this lives"]
+pub(crate) struct Published {
+    previous: Option<Weak<dyn FirstStep>>,
+}
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        let _ = SLOT.try_with(|slot| *slot.0.published() = previous);
+    }
 }
 
 /// What the watchdog's look at the slots found.
