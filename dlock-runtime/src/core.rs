@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::task::futures::TaskLocalFuture;
 
-use crate::backend::DynBackend;
+use crate::backend::{AnyBackend, Capabilities};
 use crate::baton::Baton;
 use crate::error::LockError;
 use crate::events::Observer;
@@ -29,7 +29,9 @@ pub(crate) type Hub = WaitHub<Baton>;
 pub(crate) struct Core {
     /// Random id: names this runtime's own release messages, and scopes reentrancy.
     pub(crate) id: u64,
-    pub(crate) backend: Arc<dyn DynBackend>,
+    pub(crate) backend: Arc<AnyBackend>,
+    /// What the engine can do, read when the runtime connected.
+    pub(crate) caps: Capabilities,
     pub(crate) hub: Arc<Hub>,
     pub(crate) watchdog: Arc<Watchdog>,
     /// Events, metrics and tracing of its locks.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Extension, Released};
+use crate::backend::{Backend, Extension, Released};
 use crate::error::LockError;
 use crate::handoff;
 use crate::held::{Held, Registry};

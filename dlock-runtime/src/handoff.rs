@@ -76,7 +76,7 @@ pub(crate) fn pass(held: &Held) -> bool {
 ///
 /// [`Backend::release_or_extend`]: crate::backend::Backend::release_or_extend
 pub(crate) fn wants_extension(held: &Held) -> bool {
-    if !may_pass(held) || held.core.backend.fence_block() <= 1 {
+    if !may_pass(held) || held.core.caps.fence_block <= 1 {
         return false;
     }
     let used_up = held
@@ -97,7 +97,7 @@ pub(crate) fn wants_extension(held: &Held) -> bool {
 /// by the watchdog as `watchdog_id`, to the head waiter (or parks it for the next head).
 /// `false` when no waiter takes it now: the caller releases it.
 pub(crate) fn pass_extended(held: &Held, last: u64, watchdog_id: u64) -> bool {
-    let block = held.core.backend.fence_block();
+    let block = held.core.caps.fence_block;
     let first = last.saturating_sub(block.saturating_sub(1)).max(1);
     let baton = baton(held, first, last.saturating_add(1), watchdog_id);
     held.core

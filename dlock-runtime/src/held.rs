@@ -12,6 +12,7 @@ use once_cell::sync::OnceCell;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backend::Backend;
 use crate::backend::mode::Mode;
 use crate::baton::Baton;
 use crate::core::Core;
@@ -132,7 +133,7 @@ impl Held {
             (id, Some(lost))
         };
         tracing::debug!(key = %key, ?fence, ?lease, watchdog = renew, "lock acquired");
-        let fences_end = fence.map_or(0, |f| f.saturating_add(core.backend.fence_block()));
+        let fences_end = fence.map_or(0, |f| f.saturating_add(core.caps.fence_block));
         Self::with(
             core,
             key,

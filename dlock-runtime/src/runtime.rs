@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::runtime::Handle;
 
-use crate::backend::Context;
+use crate::backend::{Backend, Context};
 use crate::baton::Baton;
 use crate::builder::RuntimeBuilder;
 use crate::core::{Core, validate_lease};
@@ -343,13 +343,14 @@ impl RuntimeBuilder {
                 wakeups: hub.clone(),
             })
             .await?;
+        let caps = backend.capabilities();
         let observer = Arc::new(Observer::new(engine));
         let watchdog = Arc::new(Watchdog::new(observer.clone()));
         handle.spawn(WaitHub::run_subscriptions(ops, Arc::downgrade(&backend)));
         handle.spawn(
             watchdog
                 .clone()
-                .run(Arc::downgrade(&backend), backend.renew_batch_limit()),
+                .run(Arc::downgrade(&backend), caps.renew_batch_limit),
         );
         let releaser = Arc::new(Releaser::new(
             backend.clone(),
@@ -362,6 +363,7 @@ impl RuntimeBuilder {
             core: Arc::new(Core {
                 id,
                 backend,
+                caps,
                 hub,
                 watchdog,
                 observer,

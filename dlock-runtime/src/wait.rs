@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::backend::{DynBackend, Wakeups};
+use crate::backend::{AnyBackend, Backend, Wakeups};
 use crate::error::LockError;
 
 /// A hold parked in a queue's [`Slot`] for its head waiter (the hand-over's baton).
@@ -267,10 +267,7 @@ impl<P: Parked> WaitHub<P> {
 
     /// Applies subscription changes in order. Runs as a task until the hub is dropped; holds the
     /// backend weakly so the runtime's drop ends it.
-    pub(crate) async fn run_subscriptions(
-        mut ops: SubscriptionOps<P>,
-        backend: Weak<dyn DynBackend>,
-    ) {
+    pub(crate) async fn run_subscriptions(mut ops: SubscriptionOps<P>, backend: Weak<AnyBackend>) {
         let mut counts: HashMap<String, usize> = HashMap::new();
         while let Some(op) = ops.0.recv().await {
             let Some(backend) = backend.upgrade() else {

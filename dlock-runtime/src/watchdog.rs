@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{DynBackend, Renewal};
+use crate::backend::{AnyBackend, Backend, Renewal};
 use crate::error::LockError;
 use crate::events::Observer;
 use crate::lease::LostSignal;
@@ -356,7 +356,7 @@ impl Watchdog {
     }
 
     /// The scheduler loop. Holds the backend weakly: the runtime's drop ends it.
-    pub(crate) async fn run(self: Arc<Self>, backend: Weak<dyn DynBackend>, batch_limit: usize) {
+    pub(crate) async fn run(self: Arc<Self>, backend: Weak<AnyBackend>, batch_limit: usize) {
         self.start_clock();
         loop {
             if self.closed.load(Ordering::Acquire) {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::Attempt;
+use crate::backend::{Attempt, Backend};
 use crate::baton::Baton;
 use crate::core::Core;
 use crate::error::LockError;
@@ -65,12 +65,13 @@ pub(crate) async fn attempt(
     lease: Duration,
     waiting: bool,
 ) -> Result<Attempt, LockError> {
-    let request = if waiting {
-        core.backend.try_acquire_waiting(key, owner, lease)
+    if waiting {
+        let request = core.backend.try_acquire_waiting(key, owner, lease);
+        compensated(core, key, owner, request).await
     } else {
-        core.backend.try_acquire(key, owner, lease)
-    };
-    compensated(core, key, owner, request).await
+        let request = core.backend.try_acquire(key, owner, lease);
+        compensated(core, key, owner, request).await
+    }
 }
 
 /// Runs one acquire request; if its answer never arrives (error, timeout, or the future is

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::attempt::{ERROR_RETRY, compensated, new_owner, timed_out, watch};
-use crate::backend::Attempt;
+use crate::backend::{Attempt, Backend};
 use crate::core::Core;
 use crate::error::LockError;
 use crate::held::{Held, Terms};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, Fairness, Queued, Queueing};
+use crate::backend::{Attempt, Backend, Fairness, Queued, Queueing};
 use crate::core::{Core, FOREVER};
 use crate::error::LockError;
 use crate::held::{Held, Terms};
@@ -35,7 +35,7 @@ pub(crate) async fn acquire_fresh(
     };
 
     // A fair lock waits in the engine's line where the engine keeps one for it.
-    if terms.fair && core.backend.fairness() == Fairness::Queue {
+    if terms.fair && core.caps.fairness == Fairness::Queue {
         return Box::pin(fair::acquire(core, key, owner, terms, started, deadline)).await;
     }
 
@@ -49,9 +49,10 @@ pub(crate) async fn acquire_fresh(
             renew: terms.renew,
             deadline,
         };
-        let Some(request) = core.backend.acquire_queued(&key, &owner, ask) else {
+        if !core.caps.queue {
             break None;
-        };
+        }
+        let request = core.backend.acquire_queued(&key, &owner, ask);
         awaited = true;
         match compensated(core, &key, &owner, request).await {
             Ok(answer) => break Some(answer),

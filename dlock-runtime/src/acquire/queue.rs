@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::attempt::{ERROR_RETRY, attempt, new_owner, timed_out, watch};
-use crate::backend::Attempt;
+use crate::backend::{Attempt, Backend};
 use crate::baton::Baton;
 use crate::core::{Core, FOREVER};
 use crate::error::LockError;

@@ -5,9 +5,10 @@
 //! reentrancy and cleanup belong to the runtime (deadpool's split between manager and pool).
 //!
 //! Engines implement [`Backend`] with plain `async fn`s (static types, no boxing inside an
-//! engine); the runtime erases the type once, through [`DynBackend`], so that a `Runtime` can be
-//! stored in a global. Each engine folder also owns its configuration ([`EngineConfig`]): URL
-//! scheme, options, validation and messages.
+//! engine); the runtime erases the type once, through [`DynBackend`] (generated from the trait
+//! by `dynosaur`), so that a `Runtime` can be stored in a global. What an engine can do is one
+//! value, [`Capabilities`], read at connect. Each engine folder also owns its configuration
+//! ([`EngineConfig`]): URL scheme, options, validation and messages.
 
 use std::fmt;
 use std::future::Future;
@@ -15,7 +16,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{LockError, LockInfo};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
@@ -37,7 +39,7 @@ pub(crate) mod zookeeper;
 pub(crate) type EngineResult<T> = Result<T, LockError>;
 
 /// An engine connecting: the erased backend, or why not.
-pub(crate) type Connecting = BoxFuture<'static, EngineResult<Arc<dyn DynBackend>>>;
+pub(crate) type Connecting = BoxFuture<'static, EngineResult<Arc<AnyBackend>>>;
 
 /// A boxed, `Send` future borrowed from the backend.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -68,7 +70,7 @@ pub(crate) enum AttemptAll {
     Busy { index: usize, ttl: Option<Duration> },
 }
 
-/// How an engine orders the waiters of one key ([`Backend::fairness`]), which decides what a
+/// How an engine orders the waiters of one key ([`Capabilities::fairness`]), which decides what a
 /// fair lock (`fair(true)`) does there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fairness {
@@ -82,6 +84,41 @@ pub(crate) enum Fairness {
     /// [`LockError::InvalidConfig`].
     Unsupported,
 }
+
+/// What an engine can do and its limits, as one value ([`Backend::capabilities`]) read once
+/// at connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    /// Waiters queue in the engine's own FIFO queue (etcd, ZooKeeper) through
+    /// [`Backend::acquire_queued`], instead of the runtime's local queue and notifications.
+    pub(crate) queue: bool,
+    /// How the engine orders waiters, for fair locks.
+    pub(crate) fairness: Fairness,
+    /// How many consecutive fencing tokens one acquisition reserves, from the one it answers
+    /// (`Attempt::Acquired::fence`) up. Above 1, the runtime may hand a held lock to another
+    /// waiter of its own, with the next token, without a round trip (see `handoff.rs`).
+    pub(crate) fence_block: u64,
+    /// The most renewals one [`Backend::renew`] call carries.
+    pub(crate) renew_batch_limit: usize,
+    /// Read locks and semaphore permits (not on Redlock: a quorum of independent nodes
+    /// cannot agree on a set of holders without fencing).
+    pub(crate) shared_modes: bool,
+}
+
+impl Capabilities {
+    /// An engine that waits through the runtime, in arrival order, with one token an
+    /// acquisition, renewals in batches of 512, and every mode.
+    pub(crate) const DEFAULT: Self = Self {
+        queue: false,
+        fairness: Fairness::Native,
+        fence_block: 1,
+        renew_batch_limit: 512,
+        shared_modes: true,
+    };
+}
+
+/// The engine a runtime holds, its type erased.
+pub(crate) type AnyBackend = DynBackend<'static>;
 
 /// What a queued acquisition ([`Backend::acquire_queued`]) asks for, besides key and owner.
 #[derive(Debug, Clone, Copy)]
@@ -150,7 +187,7 @@ pub(crate) enum Released {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) enum Extension {
     /// Still the owner's, its lease renewed, with a new block of fencing tokens ending at
-    /// `last` (see [`Backend::fence_block`]).
+    /// `last` (see [`Capabilities::fence_block`]).
     Extended { last: u64 },
     /// Released instead, as [`Backend::release`] answers.
     Released(Released),
@@ -277,8 +314,10 @@ impl<C: EngineConfig + Clone> CloneConfig for C {
     }
 }
 
-/// One engine: single attempts, no sleeping, no policy.
-pub(crate) trait Backend: Send + Sync + 'static {
+/// One engine: single attempts, no sleeping, no policy. Its type-erased form
+/// ([`DynBackend`], boxed futures) is generated from this one definition.
+#[dynosaur::dynosaur(pub(crate) DynBackend = dyn(box) Backend)]
+pub(crate) trait Backend: Send + Sync {
     /// One acquire attempt for `owner`, writing `lease` as the TTL.
     fn try_acquire(
         &self,
@@ -386,14 +425,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
         async { Ok(()) }
     }
 
-    /// Whether the engine waits in its own FIFO queue (etcd, ZooKeeper) through
-    /// [`Backend::acquire_queued`] instead of the runtime's local queue and notifications.
-    fn has_queue(&self) -> bool {
-        false
-    }
-
     /// Queues for `key` in the engine: `Acquired` when first in line, or `Busy` at `deadline`
-    /// (having left the queue). Called only when [`Backend::has_queue`].
+    /// (having left the queue). Called only when [`Capabilities::queue`].
     fn acquire_queued(
         &self,
         key: &str,
@@ -433,12 +466,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         async move { Err(err) }
     }
 
-    /// How the engine orders waiters, for fair locks (default: in arrival order already).
-    fn fairness(&self) -> Fairness {
-        Fairness::Native
-    }
-
-    /// A fair lock's attempt (called only when [`Backend::fairness`] is
+    /// A fair lock's attempt (called only when [`Capabilities::fairness`] is
     /// [`Fairness::Queue`]): acquires only when `owner` is first in the key's queue of
     /// waiters (or the queue is empty); else joins the queue, or refreshes its place there,
     /// which lasts `place` past this call (a zero `place`: a try that does not join), and
@@ -465,255 +493,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
         async { Ok(()) }
     }
 
-    /// How many consecutive fencing tokens one acquisition reserves, from the one it answers
-    /// (`Attempt::Acquired::fence`) up. Above 1, the runtime may hand a held lock to another
-    /// waiter of its own, with the next token, without a round trip (see `handoff.rs`).
-    fn fence_block(&self) -> u64 {
-        1
-    }
-
     /// Renewals of keys with different partitions never share a call (Cluster: the hash slot,
     /// since one script's keys must share one); each call succeeds or fails on its own.
     fn renew_partition(&self, _key: &str) -> u16 {
         0
     }
 
-    /// Renewal batch size the engine handles in one call.
-    fn renew_batch_limit(&self) -> usize {
-        512
-    }
-
-    /// Whether the engine can hold `key` in `mode` (read locks and semaphores are not on
-    /// every engine): `InvalidConfig` saying why not, before anything is sent.
-    fn check_mode(&self, _key: &str, _mode: mode::Mode) -> Result<(), LockError> {
-        Ok(())
-    }
-}
-
-/// [`Backend`] with its futures boxed: the one place the engine's type is erased.
-pub(crate) trait DynBackend: Send + Sync + 'static {
-    fn try_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
-    fn try_acquire_waiting<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
-    fn leave_line<'a>(&'a self, key: &'a str) -> BoxFuture<'a, ()>;
-    fn renew<'a>(
-        &'a self,
-        batch: &'a [Renewal],
-    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>>;
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<Released, LockError>>;
-    fn release_or_extend<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Extension, LockError>>;
-    fn release_after<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        hold: Duration,
-    ) -> BoxFuture<'a, Result<Released, LockError>>;
-    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
-    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>>;
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>>;
-    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>>;
-    fn holder_ttl<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Duration>>;
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
-    fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>>;
-    /// `None` when the engine has no queue of its own (the runtime waits itself).
-    fn acquire_queued<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        ask: Queueing,
-    ) -> Option<BoxFuture<'a, Result<Queued, LockError>>>;
-    fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError>;
-    /// `None` when the engine cannot take these keys in one atomic step.
-    fn try_acquire_all<'a>(
-        &'a self,
-        keys: &'a [String],
-        owner: &'a str,
-        lease: Duration,
-    ) -> Option<BoxFuture<'a, Result<AttemptAll, LockError>>>;
-    fn fairness(&self) -> Fairness;
-    fn try_acquire_fair<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        lease: Duration,
-        place: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
-    fn leave_fair_queue<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<(), LockError>>;
-    fn fence_block(&self) -> u64;
-    fn renew_partition(&self, key: &str) -> u16;
-    fn renew_batch_limit(&self) -> usize;
-    fn check_mode(&self, key: &str, mode: mode::Mode) -> Result<(), LockError>;
-}
-
-impl<B: Backend> DynBackend for B {
-    fn try_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(Backend::try_acquire(self, key, owner, lease))
-    }
-
-    fn try_acquire_waiting<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(Backend::try_acquire_waiting(self, key, owner, lease))
-    }
-
-    fn leave_line<'a>(&'a self, key: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(Backend::leave_line(self, key))
-    }
-
-    fn renew<'a>(
-        &'a self,
-        batch: &'a [Renewal],
-    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
-        Box::pin(Backend::renew(self, batch))
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<Released, LockError>> {
-        Box::pin(Backend::release(self, key, owner))
-    }
-
-    fn release_or_extend<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Extension, LockError>> {
-        Box::pin(Backend::release_or_extend(self, key, owner, lease))
-    }
-
-    fn release_after<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        hold: Duration,
-    ) -> BoxFuture<'a, Result<Released, LockError>> {
-        Box::pin(Backend::release_after(self, key, owner, hold))
-    }
-
-    fn force_unlock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
-        Box::pin(Backend::force_unlock(self, key))
-    }
-
-    fn is_locked<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, LockError>> {
-        Box::pin(Backend::is_locked(self, key))
-    }
-
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
-        Box::pin(Backend::inspect(self, key))
-    }
-
-    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
-        Box::pin(Backend::list(self, prefix))
-    }
-
-    fn holder_ttl<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Duration>> {
-        Box::pin(Backend::holder_ttl(self, key))
-    }
-
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(Backend::watch(self, key))
-    }
-
-    fn unwatch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(Backend::unwatch(self, key))
-    }
-
-    fn acquire_queued<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        ask: Queueing,
-    ) -> Option<BoxFuture<'a, Result<Queued, LockError>>> {
-        if !self.has_queue() {
-            return None;
-        }
-        Some(Box::pin(Backend::acquire_queued(self, key, owner, ask)))
-    }
-
-    fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {
-        Backend::lease_margin(self, lease)
-    }
-
-    fn try_acquire_all<'a>(
-        &'a self,
-        keys: &'a [String],
-        owner: &'a str,
-        lease: Duration,
-    ) -> Option<BoxFuture<'a, Result<AttemptAll, LockError>>> {
-        if !self.acquires_all_at_once(keys) {
-            return None;
-        }
-        Some(Box::pin(Backend::try_acquire_all(self, keys, owner, lease)))
-    }
-
-    fn fairness(&self) -> Fairness {
-        Backend::fairness(self)
-    }
-
-    fn try_acquire_fair<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        lease: Duration,
-        place: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(Backend::try_acquire_fair(self, key, owner, lease, place))
-    }
-
-    fn leave_fair_queue<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(Backend::leave_fair_queue(self, key, owner))
-    }
-
-    fn fence_block(&self) -> u64 {
-        Backend::fence_block(self)
-    }
-
-    fn renew_partition(&self, key: &str) -> u16 {
-        Backend::renew_partition(self, key)
-    }
-
-    fn renew_batch_limit(&self) -> usize {
-        Backend::renew_batch_limit(self)
-    }
-
-    fn check_mode(&self, key: &str, mode: mode::Mode) -> Result<(), LockError> {
-        Backend::check_mode(self, key, mode)
+    /// What the engine can do and its limits, read once when the runtime connects.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::DEFAULT
     }
 }

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::builder::LockBuilder;
 use super::one;
 use crate::acquire::attempt::new_owner;
-use crate::backend::AttemptAll;
+use crate::backend::{AttemptAll, Backend};
 use crate::chain::Frame;
 use crate::core::{Core, FOREVER};
 use crate::error::LockError;
@@ -135,9 +135,10 @@ async fn at_once(
     started: Instant,
 ) -> Result<Option<AtOnce>, LockError> {
     let owner = new_owner(core, &terms);
-    let Some(request) = core.backend.try_acquire_all(keys, &owner, terms.lease) else {
+    if !core.backend.acquires_all_at_once(keys) {
         return Ok(None);
-    };
+    }
+    let request = core.backend.try_acquire_all(keys, &owner, terms.lease);
     let compensate: Vec<_> = keys
         .iter()
         .map(|key| ReleaseOnDrop::compensate(&core.releaser, key, &owner))

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::builder::LockBuilder;
-use crate::backend::Fairness;
 use crate::backend::mode::{self, Mode};
+use crate::backend::{Backend, Fairness};
 use crate::core::{Core, validate_lease};
 use crate::error::LockError;
 
@@ -19,7 +19,20 @@ impl LockBuilder {
         core.backend.lease_margin(lease)?;
         validate_hold(self.hold_at_least, lease, &self.key)?;
         validate_mode(self.mode, self.hold_at_least, &self.key)?;
-        core.backend.check_mode(&self.key, self.mode)?;
+        if self.mode.is_shared() && !core.caps.shared_modes {
+            return Err(LockError::config(format!(
+                "`{}`: {}:// has no {} locks: a quorum of independent nodes cannot agree on a \
+                 set of holders without fencing; use redis://, redis+cluster://, etcd:// or \
+                 zk:// for read-write locks and semaphores",
+                self.key,
+                core.engine,
+                if self.mode == Mode::Read {
+                    "read"
+                } else {
+                    "semaphore"
+                }
+            )));
+        }
         if self.fair && self.mode.is_shared() {
             return Err(LockError::config(format!(
                 "fair applies to exclusive locks: lock `{}` is a read lock or a semaphore \
@@ -27,7 +40,7 @@ impl LockBuilder {
                 self.key
             )));
         }
-        if self.fair && core.backend.fairness() == Fairness::Unsupported {
+        if self.fair && core.caps.fairness == Fairness::Unsupported {
             return Err(LockError::config(format!(
                 "fair locks are not available on {}: its independent masters keep no common \
                  line of waiters (lock `{}`); use fair(false), or Redis, etcd or ZooKeeper",

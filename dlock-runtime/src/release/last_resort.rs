@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Context, DynBackend, EngineConfig, Wakeups};
+use crate::backend::{AnyBackend, Context, EngineConfig, Wakeups};
 
 /// How to reach the engine again, without the runtime's tokio handle.
 pub(crate) struct LastResort {
@@ -57,7 +57,7 @@ impl LastResort {
     /// A hold that keeps its key until `hold_until` keeps it for what is left then.
     pub(crate) fn release(
         &self,
-        backend: &Arc<dyn DynBackend>,
+        backend: &Arc<AnyBackend>,
         key: &str,
         owner: &str,
         hold_until: Option<Instant>,
@@ -114,7 +114,7 @@ impl LastResort {
 /// The engine a last-resort release reaches: connected again, or the in-process one as it is.
 enum Engine {
     Connect(Box<dyn EngineConfig>, Context),
-    InProcess(Arc<dyn DynBackend>),
+    InProcess(Arc<AnyBackend>),
 }
 
 fn release_on_own_runtime(
@@ -129,7 +129,7 @@ fn release_on_own_runtime(
         .build()
         .map_err(|e| format!("no tokio runtime: {e}"))?;
     runtime.block_on(async {
-        let backend: Arc<dyn DynBackend> = match engine {
+        let backend: Arc<AnyBackend> = match engine {
             Engine::InProcess(backend) => backend,
             Engine::Connect(config, ctx) => tokio::time::timeout(timeout, config.connect(ctx))
                 .await

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::backend::{DynBackend, Released, Wakeups};
+use crate::backend::{AnyBackend, Backend, Released, Wakeups};
 use crate::error::LockError;
 use crate::lease::hold_left;
 
@@ -25,7 +25,7 @@ const BACKGROUND_RELEASE_ATTEMPTS: u32 = 5;
 /// keeps the key until `hold_until` lasts, [`release_after`](crate::backend::Backend::release_after)
 /// with what remains of it.
 pub(crate) async fn end_in_engine(
-    backend: &dyn DynBackend,
+    backend: &AnyBackend,
     key: &str,
     owner: &str,
     hold_until: Option<Instant>,
@@ -39,7 +39,7 @@ pub(crate) async fn end_in_engine(
 /// A runtime's background releases: its engine, the local waiters to wake once a key is
 /// free, the tokio handle the releases run on, and the last resort behind it.
 pub(crate) struct Releaser {
-    backend: Arc<dyn DynBackend>,
+    backend: Arc<AnyBackend>,
     wakeups: Arc<dyn Wakeups>,
     handle: Handle,
     /// Bound on each engine call: a compensating release looks again after it.
@@ -49,7 +49,7 @@ pub(crate) struct Releaser {
 
 impl Releaser {
     pub(crate) fn new(
-        backend: Arc<dyn DynBackend>,
+        backend: Arc<AnyBackend>,
         wakeups: Arc<dyn Wakeups>,
         handle: Handle,
         timeout: Duration,

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::backend::Attempt;
+use crate::backend::{Attempt, Backend};
 use crate::runtime::Runtime;
 
 /// A compensating release that reaches the engine before the acquire it undoes (which then

@@ -2,11 +2,11 @@
 
 use super::*;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Attempt, Backend, DynBackend, EngineResult};
+use crate::backend::{AnyBackend, Attempt, Backend, DynBackend, EngineResult};
 
-async fn setup() -> (Arc<Watchdog>, Arc<dyn DynBackend>) {
+async fn setup() -> (Arc<Watchdog>, Arc<AnyBackend>) {
     let wd = Arc::new(Watchdog::new(Arc::new(Observer::new("memory"))));
-    let backend: Arc<dyn DynBackend> = Arc::new(MemoryBackend::new());
+    let backend: Arc<AnyBackend> = DynBackend::new_arc(MemoryBackend::new());
     let weak = Arc::downgrade(&backend);
     tokio::spawn(wd.clone().run(weak, 512));
     (wd, backend)
@@ -114,7 +114,7 @@ async fn batches_locks_due_together() {
         calls: Default::default(),
         fail: AtomicBool::new(false),
     });
-    let backend: Arc<dyn DynBackend> = counting.clone();
+    let backend: Arc<AnyBackend> = DynBackend::from_arc(counting.clone());
     tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
     let lease = Duration::from_secs(3);
     // 1,000 locks acquired evenly over one second (one every millisecond).
@@ -153,7 +153,7 @@ async fn unreachable_engine_is_lost_when_the_lease_runs_out_not_before() {
         calls: Default::default(),
         fail: AtomicBool::new(false),
     });
-    let backend: Arc<dyn DynBackend> = failing.clone();
+    let backend: Arc<AnyBackend> = DynBackend::from_arc(failing.clone());
     tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
     let lease = Duration::from_secs(3);
     backend.try_acquire("k", "a", lease).await.ok();

@@ -2,8 +2,6 @@
 //! builder's `.etcd(["http://h1:2379", ..])`. etcd has no engine option: leases, waits and the
 //! call timeout are the runtime's.
 
-use std::sync::Arc;
-
 use super::EtcdBackend;
 use crate::LockError;
 use crate::backend::url::EngineUrl;
@@ -40,7 +38,7 @@ impl EngineConfig for EtcdConfig {
                 return Err(LockError::config("etcd needs at least one endpoint"));
             }
             let backend = EtcdBackend::connect(&self.endpoints, &ctx).await?;
-            Ok(Arc::new(backend) as Arc<dyn DynBackend>)
+            Ok(DynBackend::new_arc(backend))
         })
     }
 }

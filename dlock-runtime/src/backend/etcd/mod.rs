@@ -56,7 +56,9 @@ use tokio::time::Instant;
 use self::lease::{SharedLease, SharedLeases};
 use super::io_thread::IoThread;
 use super::successor::Successors;
-use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
+use super::{
+    Attempt, Backend, Capabilities, Context, EngineResult, Queued, Queueing, Released, Renewal,
+};
 use crate::backend::mode::{Mode, holding_now};
 use crate::{LockError, LockInfo};
 
@@ -323,9 +325,12 @@ impl EtcdBackend {
 }
 
 impl Backend for EtcdBackend {
-    fn has_queue(&self) -> bool {
-        // Waiting happens in etcd's own queue (`acquire_queued`), watching the predecessor.
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            queue: true,
+            renew_batch_limit: 64,
+            ..Capabilities::DEFAULT
+        }
     }
 
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
@@ -551,10 +556,6 @@ impl Backend for EtcdBackend {
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
         self.holders(prefix, false).await
-    }
-
-    fn renew_batch_limit(&self) -> usize {
-        64
     }
 }
 

@@ -8,7 +8,7 @@ mod inspect;
 mod shared;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use super::mode::Mode;
 use super::url::EngineUrl;
 use super::{
-    Attempt, Backend, Connecting, Context, DynBackend, EngineConfig, EngineResult, Released,
-    Renewal,
+    Attempt, Backend, Capabilities, Connecting, Context, DynBackend, EngineConfig, EngineResult,
+    Released, Renewal,
 };
 use crate::{LockError, LockInfo};
 
@@ -235,8 +235,11 @@ impl Backend for MemoryBackend {
     // No `watch`: every holder is in this process, and the runtime wakes waiters on release
     // itself.
 
-    fn renew_batch_limit(&self) -> usize {
-        usize::MAX
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            renew_batch_limit: usize::MAX,
+            ..Capabilities::DEFAULT
+        }
     }
 }
 
@@ -267,7 +270,7 @@ impl EngineConfig for MemoryConfig {
     }
 
     fn connect(self: Box<Self>, _ctx: Context) -> Connecting {
-        Box::pin(async { Ok(Arc::new(MemoryBackend::new()) as Arc<dyn DynBackend>) })
+        Box::pin(async { Ok(DynBackend::new_arc(MemoryBackend::new())) })
     }
 }
 

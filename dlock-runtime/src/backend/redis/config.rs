@@ -17,7 +17,6 @@
 //! [`redact`].
 
 use std::fmt;
-use std::sync::Arc;
 
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
@@ -345,7 +344,7 @@ impl EngineConfig for RedisConfig {
                     RedisBackend::connect_cluster(&seeds, &ctx).await?
                 }
             };
-            Ok(Arc::new(backend) as Arc<dyn DynBackend>)
+            Ok(DynBackend::new_arc(backend))
         })
     }
 }

@@ -41,7 +41,8 @@ use self::link::Link;
 use self::script::{FENCE_FLOOR_MIN, Scripts, decode_acquire, millis_ceil};
 use super::mode::Mode;
 use super::{
-    Attempt, AttemptAll, Backend, Context, EngineResult, Extension, Fairness, Released, Renewal,
+    Attempt, AttemptAll, Backend, Capabilities, Context, EngineResult, Extension, Fairness,
+    Released, Renewal,
 };
 use crate::{LockError, LockInfo};
 
@@ -475,8 +476,12 @@ impl Backend for RedisBackend {
         self.renew_locks(batch).await
     }
 
-    fn fence_block(&self) -> u64 {
-        FENCE_BLOCK
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fairness: Fairness::Queue,
+            fence_block: FENCE_BLOCK,
+            ..Capabilities::DEFAULT
+        }
     }
 
     fn renew_partition(&self, key: &str) -> u16 {
@@ -622,10 +627,6 @@ impl Backend for RedisBackend {
         lease: Duration,
     ) -> EngineResult<AttemptAll> {
         self.acquire_all(keys, owner, lease).await
-    }
-
-    fn fairness(&self) -> Fairness {
-        Fairness::Queue
     }
 
     async fn try_acquire_fair(

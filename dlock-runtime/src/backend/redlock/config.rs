@@ -9,7 +9,6 @@
 //! grants count again (default: the longest lease the runtime has used; zero: never checked).
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::RedlockBackend;
@@ -154,7 +153,7 @@ impl EngineConfig for RedlockConfig {
                 rejoin_after: self.rejoin_after,
             };
             let backend = RedlockBackend::connect(&self.nodes, &ctx, tuning)?;
-            Ok(Arc::new(backend) as Arc<dyn DynBackend>)
+            Ok(DynBackend::new_arc(backend))
         })
     }
 }

@@ -39,7 +39,7 @@ use self::fanout::{Answer, FanOut, NodeCall};
 use self::restarts::{NodeIdentity, NodeWakeups};
 use super::redis::RedisBackend;
 use super::redis::config::redact;
-use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
+use super::{Attempt, Backend, Capabilities, Context, EngineResult, Fairness, Released, Renewal};
 use crate::{LockError, LockInfo};
 
 /// Background attempts at a release (or an undo) a node did not answer.
@@ -706,24 +706,12 @@ impl Backend for RedlockBackend {
         Ok(())
     }
 
-    fn check_mode(&self, key: &str, mode: crate::backend::mode::Mode) -> Result<(), LockError> {
-        if !mode.is_shared() {
-            return Ok(());
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fairness: Fairness::Unsupported,
+            shared_modes: false,
+            ..Capabilities::DEFAULT
         }
-        Err(LockError::config(format!(
-            "`{key}`: redlock:// has no {} locks: a quorum of independent nodes cannot agree \
-             on a set of holders without fencing; use redis://, redis+cluster://, etcd:// or \
-             zk:// for read-write locks and semaphores",
-            match mode {
-                crate::backend::mode::Mode::Read => "read",
-                _ => "semaphore",
-            }
-        )))
-    }
-
-    /// Independent masters keep no common queue of waiters: fair locks are refused.
-    fn fairness(&self) -> crate::backend::Fairness {
-        crate::backend::Fairness::Unsupported
     }
 
     fn lease_margin(&self, lease: Duration) -> Result<Duration, LockError> {

@@ -2,7 +2,6 @@
 //! `zookeeper://`), or the builder's `.zookeeper("h1:2181,h2:2181/chroot")` and
 //! `.session_timeout(d)`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::ZooKeeperBackend;
@@ -67,7 +66,7 @@ impl EngineConfig for ZooKeeperConfig {
         Box::pin(async move {
             let backend =
                 ZooKeeperBackend::connect(&self.connect, self.session_timeout, &ctx).await?;
-            Ok(Arc::new(backend) as Arc<dyn DynBackend>)
+            Ok(DynBackend::new_arc(backend))
         })
     }
 }

@@ -59,7 +59,9 @@ use self::path::{escape, sequence};
 use super::io_thread::IoThread;
 use super::mode::Mode;
 use super::successor::Successors;
-use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
+use super::{
+    Attempt, Backend, Capabilities, Context, EngineResult, Queued, Queueing, Released, Renewal,
+};
 use crate::{LockError, LockInfo};
 
 pub(crate) struct ZooKeeperBackend {
@@ -670,10 +672,12 @@ impl ZooKeeperBackend {
 }
 
 impl Backend for ZooKeeperBackend {
-    fn has_queue(&self) -> bool {
-        // Waiting happens in ZooKeeper's own queue (`acquire_queued`), watching the
-        // predecessor.
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            queue: true,
+            renew_batch_limit: 64,
+            ..Capabilities::DEFAULT
+        }
     }
 
     async fn try_acquire(&self, key: &str, owner: &str, _lease: Duration) -> EngineResult<Attempt> {
@@ -895,9 +899,5 @@ impl Backend for ZooKeeperBackend {
         // The negotiated session timeout bounds the hold, whatever the lease: the runtime
         // counts on `lease - margin` = at most that after its last confirmed call.
         Ok(lease.saturating_sub(self.session.negotiated()))
-    }
-
-    fn renew_batch_limit(&self) -> usize {
-        64
     }
 }
