@@ -15,7 +15,7 @@ use std::future::Future;
 use tokio::runtime::{Builder, Handle};
 use tokio::sync::oneshot;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// A current-thread tokio runtime on a thread of its own, running until dropped.
 pub(crate) struct IoThread {

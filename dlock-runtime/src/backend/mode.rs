@@ -54,7 +54,7 @@ impl Mode {
         !matches!(self, Mode::Exclusive)
     }
 
-    /// How [`LockInfo::mode`](crate::LockInfo::mode) names it.
+    /// How [`LockInfo::mode`](crate::inspect::LockInfo::mode) names it.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Exclusive => "exclusive",
@@ -85,8 +85,8 @@ pub(crate) fn holding_now(queue: &[Mode]) -> usize {
 }
 
 /// `InvalidConfig` for a semaphore asked with `asked` permits while its holders use `held`.
-pub(crate) fn permits_mismatch(key: &str, asked: u32, held: u32) -> crate::LockError {
-    crate::LockError::config(format!(
+pub(crate) fn permits_mismatch(key: &str, asked: u32, held: u32) -> crate::error::LockError {
+    crate::error::LockError::config(format!(
         "semaphore `{key}` asked with {asked} permits while its holders use {held}: \
          every holder of a semaphore must ask for the same number"
     ))

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use super::EtcdBackend;
-use crate::LockError;
 use crate::backend::url::EngineUrl;
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig};
+use crate::error::LockError;
 
 #[derive(Debug, Clone)]
 pub(crate) struct EtcdConfig {

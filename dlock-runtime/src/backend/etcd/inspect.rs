@@ -17,8 +17,9 @@ use etcd_client::{GetOptions, KeyValue};
 
 use super::EtcdBackend;
 use crate::backend::mode::{Mode, holding_now};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 use crate::inspect::is_owner_token;
-use crate::{LockError, LockInfo};
 
 /// A contender in a queue.
 struct Head {

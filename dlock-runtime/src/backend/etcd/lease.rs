@@ -16,7 +16,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use tokio::time::Instant;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// One lease shared by the locks of one TTL.
 #[derive(Debug)]

@@ -58,7 +58,8 @@ use super::io_thread::IoThread;
 use super::successor::Successors;
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
 use crate::backend::mode::{Mode, holding_now};
-use crate::{LockError, LockInfo};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 
 /// One contender: its lease and its key.
 #[derive(Debug, Clone)]

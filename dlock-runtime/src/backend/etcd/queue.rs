@@ -14,10 +14,10 @@ use tokio::time::Instant;
 
 use super::lease::{self, SharedLease};
 use super::{CONNECT_RETRIES, Contender, EtcdBackend, is_connect_error, ttl_seconds};
-use crate::LockError;
 use crate::backend::io_thread::AbortOnDrop;
 use crate::backend::mode::Mode;
 use crate::backend::{Attempt, Queued, Queueing};
+use crate::error::LockError;
 
 impl EtcdBackend {
     /// Keeps `lease` alive every third of its TTL until the returned guard is dropped.

@@ -11,10 +11,10 @@ use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
 use tokio::time::Instant;
 
 use super::{Contender, EtcdBackend, ttl_seconds};
-use crate::LockError;
 use crate::backend::io_thread::AbortOnDrop;
 use crate::backend::mode::{Mode, permits_mismatch};
 use crate::backend::{Attempt, Queued, Queueing};
+use crate::error::LockError;
 
 impl EtcdBackend {
     /// Queues a reader or a permit in `key` until it holds (`Acquired`) or the deadline

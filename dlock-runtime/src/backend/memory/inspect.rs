@@ -4,8 +4,8 @@ use tokio::time::Instant;
 
 use super::shared::Group;
 use super::{Entry, MemoryBackend};
-use crate::LockInfo;
 use crate::backend::mode::Mode;
+use crate::inspect::LockInfo;
 
 impl MemoryBackend {
     /// The live entry of `key`, if any.

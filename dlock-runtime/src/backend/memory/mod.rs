@@ -19,7 +19,8 @@ use super::{
     Attempt, Backend, Connecting, Context, DynBackend, EngineConfig, EngineResult, Released,
     Renewal,
 };
-use crate::{LockError, LockInfo};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 
 /// Expired entries are swept every this many fresh acquisitions.
 const SWEEP_EVERY: u64 = 1024;

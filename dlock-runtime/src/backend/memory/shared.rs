@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Entry, MemoryBackend, State};
-use crate::LockError;
 use crate::backend::mode::{Mode, permits_mismatch};
 use crate::backend::{Attempt, Released};
+use crate::error::LockError;
 
 /// How long a writer that found readers keeps new readers out without asking again; it asks
 /// again (on every release, and at least every half of this) while it waits.

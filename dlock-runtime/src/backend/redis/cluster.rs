@@ -21,8 +21,8 @@ use super::config::{NodeSettings, TlsFiles, redact};
 use super::link::{Link, connect_within};
 use super::names::Names;
 use super::push::push_handler;
-use crate::LockError;
 use crate::backend::{Context, Wakeups};
+use crate::error::LockError;
 
 /// Retries of one call inside the cluster client (redirects, reconnects, a node rejoining).
 const CLIENT_RETRIES: u32 = 4;

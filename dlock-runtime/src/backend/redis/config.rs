@@ -22,10 +22,10 @@ use std::sync::Arc;
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use super::RedisBackend;
-use crate::LockError;
 pub(crate) use crate::backend::url::redact;
 use crate::backend::url::{EngineUrl, redact_pair, split_pair};
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig};
+use crate::error::LockError;
 
 /// The query options of a node URL: the redis client's, and those applied here.
 pub(crate) const CLIENT_OPTIONS: [&str; 7] =

@@ -23,8 +23,9 @@ use super::RedisBackend;
 use super::hash_slot;
 use super::link::Link;
 use crate::backend::mode::Mode;
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 use crate::inspect::is_owner_token;
-use crate::{LockError, LockInfo};
 
 /// Keys one `SCAN` call looks at (a hint to the server).
 const SCAN_COUNT: u32 = 1000;

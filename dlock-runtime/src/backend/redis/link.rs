@@ -17,8 +17,8 @@ use super::names::Names;
 use super::push::push_handler;
 use super::script::Lua;
 use super::wire::{Caller, Packed, Wire};
-use crate::LockError;
 use crate::backend::Context;
+use crate::error::LockError;
 
 /// One server (reconnecting, resubscribing), its command connection of the runtime's own
 /// (plaintext TCP: see `wire.rs`), or a cluster (slot-routed, MOVED/ASK and failover handled

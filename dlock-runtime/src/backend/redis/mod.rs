@@ -43,7 +43,8 @@ use super::mode::Mode;
 use super::{
     Attempt, AttemptAll, Backend, Context, EngineResult, Extension, Fairness, Released, Renewal,
 };
-use crate::{LockError, LockInfo};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 
 /// How long the fence counter outlives the last lock on its key (every acquisition and renewal
 /// pushes its expiry to this after the lease). Once it has expired, the next token starts at

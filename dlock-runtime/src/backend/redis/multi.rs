@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::link::Link;
 use super::script::{FENCE_FLOOR_MIN, millis_ceil};
 use super::{FENCE_BLOCK, FENCE_TTL, RedisBackend, hash_slot};
-use crate::LockError;
 use crate::backend::{AttemptAll, EngineResult};
+use crate::error::LockError;
 
 impl RedisBackend {
     /// Whether one script can take every key: one server always, a Cluster when the keys'

@@ -10,8 +10,8 @@ use super::RedisBackend;
 use super::acl;
 use super::link::{Link, redis_error};
 use super::names::Names;
-use crate::LockError;
 use crate::backend::Wakeups;
+use crate::error::LockError;
 
 /// The key whose release channel [`RedisBackend::check_notifications`] subscribes to and leaves
 /// when connecting (nobody locks it; a stray wake-up would be harmless).

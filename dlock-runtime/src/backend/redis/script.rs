@@ -9,8 +9,8 @@ use std::time::Duration;
 use redis::Script;
 
 use super::RedisBackend;
-use crate::LockError;
 use crate::backend::Attempt;
+use crate::error::LockError;
 
 /// The sources, each with its comment block (KEYS, ARGV, return values).
 pub(crate) const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");

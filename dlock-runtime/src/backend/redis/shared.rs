@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use super::script::{FENCE_FLOOR_MIN, decode_acquire, millis_ceil};
 use super::{FENCE_TTL, RESERVATION, RedisBackend};
-use crate::LockError;
 use crate::backend::mode::{Mode, permits_mismatch};
 use crate::backend::{Attempt, EngineResult, Released, Renewal};
+use crate::error::LockError;
 
 /// How long a writer that found readers keeps new readers out without asking again; it asks
 /// again on every release it is told of, and at least every half of this.

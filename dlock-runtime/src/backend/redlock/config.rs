@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::RedlockBackend;
-use crate::LockError;
 use crate::backend::redis::config::{CLIENT_OPTIONS, check_tls, node_urls, redact};
 use crate::backend::url::EngineUrl;
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig, Setting};
+use crate::error::LockError;
 
 /// Default per-node timeout of Redlock calls.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);

@@ -18,7 +18,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// One node's request, bounded by the node timeout, owning what it needs.
 pub(super) type NodeCall<T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send>>;

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use super::RedlockBackend;
 use crate::backend::redis::Holding;
-use crate::{LockError, LockInfo};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 
 impl RedlockBackend {
     /// The locks a quorum of nodes agree on, from each node's `answers`.

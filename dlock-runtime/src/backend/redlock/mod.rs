@@ -40,7 +40,8 @@ use self::restarts::{NodeIdentity, NodeWakeups};
 use super::redis::RedisBackend;
 use super::redis::config::redact;
 use super::{Attempt, Backend, Context, EngineResult, Released, Renewal};
-use crate::{LockError, LockInfo};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 
 /// Background attempts at a release (or an undo) a node did not answer.
 const RELEASE_RETRIES: u32 = 5;
@@ -747,7 +748,7 @@ mod tests {
     fn drift_is_one_percent_plus_two_milliseconds_without_overflow() {
         assert_eq!(drift(Duration::from_secs(10)), Duration::from_millis(102));
         assert_eq!(drift(Duration::from_millis(1)), Duration::from_micros(2010));
-        let year = crate::MAX_LEASE;
+        let year = crate::core::MAX_LEASE;
         assert!(drift(year) < year);
     }
 

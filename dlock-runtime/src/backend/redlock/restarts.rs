@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::LockError;
 use crate::backend::Wakeups;
 use crate::backend::redis::RedisBackend;
+use crate::error::LockError;
 
 /// What this runtime knows of one node's server process.
 #[derive(Debug)]

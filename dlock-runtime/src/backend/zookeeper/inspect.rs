@@ -13,8 +13,9 @@ use zookeeper_client::Error as ZkError;
 use super::ZooKeeperBackend;
 use super::path::{sequence, unescape};
 use crate::backend::mode::{Mode, holding_now};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 use crate::inspect::is_owner_token;
-use crate::{LockError, LockInfo};
 
 /// Looks at a queue again when its head went between the listing and the read of its node.
 const HEAD_LOOKUPS: usize = 3;

@@ -60,7 +60,8 @@ use super::io_thread::IoThread;
 use super::mode::Mode;
 use super::successor::Successors;
 use super::{Attempt, Backend, Context, EngineResult, Queued, Queueing, Released, Renewal};
-use crate::{LockError, LockInfo};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 
 pub(crate) struct ZooKeeperBackend {
     session: Arc<Session>,

@@ -9,9 +9,9 @@ use tokio::time::Instant;
 
 use super::ZooKeeperBackend;
 use super::path::sequence;
-use crate::LockError;
 use crate::backend::Attempt;
 use crate::backend::mode::{Mode, permits_mismatch};
+use crate::error::LockError;
 
 impl ZooKeeperBackend {
     /// Waits until the node `my_node` (sequence `my_seq`) of a reader or permit under
