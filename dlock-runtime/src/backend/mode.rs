@@ -54,7 +54,7 @@ impl Mode {
         !matches!(self, Mode::Exclusive)
     }
 
-    /// How [`LockInfo::mode`](crate::inspect::LockInfo::mode) names it.
+    /// How `LockInfo::mode` names it.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Exclusive => "exclusive",

@@ -18,7 +18,7 @@ use redis::{ConnectionInfo, ProtocolVersion};
 use tokio::sync::Notify;
 
 use super::config::{NodeSettings, TlsFiles, redact};
-use super::link::{Link, connect_within};
+use super::errors::connect_within;
 use super::names::Names;
 use super::push::push_handler;
 use crate::backend::{Context, Wakeups};
@@ -53,7 +53,7 @@ impl ClusterLink {
         seeds: &[String],
         names: &Names,
         ctx: &Context,
-    ) -> Result<Link, LockError> {
+    ) -> Result<Arc<Self>, LockError> {
         let repair = Arc::new(Notify::new());
         let on_push = push_handler(
             ctx.wakeups.clone(),
@@ -123,7 +123,7 @@ impl ClusterLink {
             repair,
             ctx.wakeups.clone(),
         ));
-        Ok(Link::Cluster(link))
+        Ok(link)
     }
 
     pub(super) fn conn(&self) -> ClusterConnection {

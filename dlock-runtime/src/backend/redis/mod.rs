@@ -20,6 +20,7 @@
 mod acl;
 mod cluster;
 pub(crate) mod config;
+mod errors;
 mod fair;
 mod frame;
 mod inspect;
@@ -29,6 +30,7 @@ mod names;
 mod push;
 pub(crate) mod script;
 mod shared;
+mod subscribe;
 mod wire;
 
 use std::time::Duration;
@@ -124,7 +126,7 @@ impl RedisBackend {
         ctx: &Context,
     ) -> Result<Self, LockError> {
         let names = Names::new(&ctx.prefix);
-        let link = ClusterLink::connect(seeds, &names, ctx).await?;
+        let link = Link::Cluster(ClusterLink::connect(seeds, &names, ctx).await?);
         let backend = Self::with_link(link, names, ctx);
         backend.check_notifications().await?;
         Ok(backend)
