@@ -22,7 +22,6 @@ mod cluster;
 pub(crate) mod config;
 mod errors;
 mod fair;
-mod frame;
 mod inspect;
 mod link;
 mod multi;
