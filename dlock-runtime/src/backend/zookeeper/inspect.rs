@@ -10,8 +10,8 @@
 
 use zookeeper_client::Error as ZkError;
 
-use super::ZooKeeperBackend;
-use super::path::{sequence, unescape};
+use super::path::{parent, sequence, unescape};
+use super::session::Session;
 use crate::backend::mode::{Mode, holding_now};
 use crate::error::LockError;
 use crate::inspect::LockInfo;
@@ -45,81 +45,85 @@ fn owner_of(name: &str) -> Option<&str> {
     is_owner_token(owner).then_some(owner)
 }
 
-impl ZooKeeperBackend {
-    /// The children of `path`; `None` when it does not exist.
-    async fn children(
-        &self,
-        key: Option<&str>,
-        path: &str,
-    ) -> Result<Option<Vec<String>>, LockError> {
-        let client = self.session.client();
-        match self
-            .session
-            .within(key, "inspection failed", client.list_children(path))
-            .await?
-        {
-            Ok(children) => Ok(Some(children)),
-            Err(ZkError::NoNode) => Ok(None),
-            Err(e) => Err(self.session.failed(key, "inspection failed", e).await),
-        }
+/// The children of `path`; `None` when it does not exist.
+async fn children(
+    session: &Session,
+    key: Option<&str>,
+    path: &str,
+) -> Result<Option<Vec<String>>, LockError> {
+    let client = session.client();
+    match session
+        .within(key, "inspection failed", client.list_children(path))
+        .await?
+    {
+        Ok(children) => Ok(Some(children)),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(e) => Err(session.failed(key, "inspection failed", e).await),
     }
+}
 
-    /// The holder of `key`: the lowest sequence among its queue's nodes.
-    pub(super) async fn holder(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        let parent = self.parent(key);
-        for _ in 0..HEAD_LOOKUPS {
-            let Some(children) = self.children(Some(key), &parent).await? else {
-                return Ok(None);
-            };
-            let holding = holding_nodes(&children);
-            let Some(&(head, mode)) = holding.first() else {
-                return Ok(None);
-            };
-            let Some(owner) = owner_of(head) else {
-                // Not a node the runtime made.
-                return Ok(None);
-            };
-            let client = self.session.client();
-            let stat = self
-                .session
-                .bounded(
-                    Some(key),
-                    "inspection failed",
-                    client.check_stat(&format!("{parent}/{head}")),
-                )
-                .await?;
-            if let Some(stat) = stat {
-                let mut info = LockInfo::held(
-                    key,
-                    owner,
-                    self.session.negotiated(),
-                    u32::try_from(holding.len()).unwrap_or(u32::MAX),
-                    u64::try_from(stat.czxid).ok(),
-                );
-                info.mode = mode.name().to_owned();
-                return Ok(Some(info));
-            }
-            // Released between the listing and the read: look at the queue again.
-        }
-        Ok(None)
-    }
-
-    /// The holders of every key starting with `prefix`.
-    pub(super) async fn holders(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
-        let Some(children) = self.children(None, &self.root).await? else {
-            return Ok(Vec::new());
+/// The holder of `key`: the lowest sequence among its queue's nodes.
+pub(super) async fn holder(
+    session: &Session,
+    root: &str,
+    key: &str,
+) -> Result<Option<LockInfo>, LockError> {
+    let parent = parent(root, key);
+    for _ in 0..HEAD_LOOKUPS {
+        let Some(children) = children(session, Some(key), &parent).await? else {
+            return Ok(None);
         };
-        let mut out = Vec::new();
-        for key in children.iter().filter_map(|segment| unescape(segment)) {
-            if !key.starts_with(prefix) {
-                continue;
-            }
-            if let Some(info) = self.holder(&key).await? {
-                out.push(info);
-            }
+        let holding = holding_nodes(&children);
+        let Some(&(head, mode)) = holding.first() else {
+            return Ok(None);
+        };
+        let Some(owner) = owner_of(head) else {
+            // Not a node the runtime made.
+            return Ok(None);
+        };
+        let client = session.client();
+        let stat = session
+            .bounded(
+                Some(key),
+                "inspection failed",
+                client.check_stat(&format!("{parent}/{head}")),
+            )
+            .await?;
+        if let Some(stat) = stat {
+            let mut info = LockInfo::held(
+                key,
+                owner,
+                session.negotiated(),
+                u32::try_from(holding.len()).unwrap_or(u32::MAX),
+                u64::try_from(stat.czxid).ok(),
+            );
+            info.mode = mode.name().to_owned();
+            return Ok(Some(info));
         }
-        Ok(out)
+        // Released between the listing and the read: look at the queue again.
     }
+    Ok(None)
+}
+
+/// The holders of every key starting with `prefix`.
+pub(super) async fn holders(
+    session: &Session,
+    root: &str,
+    prefix: &str,
+) -> Result<Vec<LockInfo>, LockError> {
+    let Some(children) = children(session, None, root).await? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for key in children.iter().filter_map(|segment| unescape(segment)) {
+        if !key.starts_with(prefix) {
+            continue;
+        }
+        if let Some(info) = holder(session, root, &key).await? {
+            out.push(info);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
