@@ -106,6 +106,30 @@ impl SharedLease {
     }
 }
 
+/// Keeps `lease` alive every third of its TTL until the returned guard is dropped.
+pub(super) fn keep_alive_while_queued(
+    client: &Client,
+    lease: i64,
+    ttl: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let mut client = client.clone();
+    tokio::spawn(async move {
+        let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(ttl / 3).await;
+            if keeper.keep_alive().await.is_err() {
+                return;
+            }
+            match stream.message().await {
+                Ok(Some(resp)) if resp.ttl() > 0 => {}
+                _ => return,
+            }
+        }
+    })
+}
+
 /// One keep-alive of `lease`: whether the server still had it.
 pub(crate) async fn keep_alive(
     client: &Client,
