@@ -6,13 +6,14 @@
 
 mod inspect;
 mod shared;
+mod state;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use self::state::{Entry, State};
 use super::mode::Mode;
 use super::url::EngineUrl;
 use super::{
@@ -24,27 +25,6 @@ use crate::inspect::LockInfo;
 
 /// Expired entries are swept every this many fresh acquisitions.
 const SWEEP_EVERY: u64 = 1024;
-
-#[derive(Debug)]
-struct Entry {
-    owner: String,
-    count: u64,
-    fence: u64,
-    expires: Instant,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    locks: HashMap<String, Entry>,
-    /// One counter for every key: strictly increasing per key, and no per-key state to leak.
-    fence: u64,
-    /// Read locks by key (see `shared.rs`).
-    readers: HashMap<String, shared::Group>,
-    /// Semaphores by key.
-    permits: HashMap<String, shared::Group>,
-    /// The writer waiting for each key's readers, and until when its mark holds.
-    writer_waiting: HashMap<String, (String, Instant)>,
-}
 
 #[derive(Debug, Default)]
 pub(crate) struct MemoryBackend {
@@ -62,14 +42,6 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The live entry for `key`, dropping it when its lease has run out.
-    fn live<'s>(state: &'s mut State, key: &str, now: Instant) -> Option<&'s mut Entry> {
-        if state.locks.get(key).is_some_and(|e| e.expires <= now) {
-            state.locks.remove(key);
-        }
-        state.locks.get_mut(key)
-    }
-
     fn acquire_now(&self, key: &str, owner: &str, lease: Duration) -> Attempt {
         self.acquire_exclusive(key, owner, lease, false)
     }
@@ -79,12 +51,12 @@ impl MemoryBackend {
     fn acquire_exclusive(&self, key: &str, owner: &str, lease: Duration, waiting: bool) -> Attempt {
         let now = Instant::now();
         let mut state = self.state();
-        let ours = Self::live(&mut state, key, now).is_some_and(|e| e.owner == owner);
+        let ours = state.live(key, now).is_some_and(|e| e.owner == owner);
         if !ours && let Some(ttl) = state.readers_block(key, owner, waiting, now) {
             return Attempt::Busy { ttl: Some(ttl) };
         }
         state.clear_writer_waiting(key, Some(owner));
-        if let Some(entry) = Self::live(&mut state, key, now) {
+        if let Some(entry) = state.live(key, now) {
             if entry.owner == owner {
                 entry.count += 1;
                 entry.expires = now + lease;
@@ -116,13 +88,14 @@ impl MemoryBackend {
     fn release_now(&self, key: &str, owner: &str) -> Released {
         let mode = Mode::of(owner);
         if mode.is_shared() {
-            return self.release_shared(key, owner, mode);
+            let now = Instant::now();
+            return shared::release(&mut self.state(), key, owner, mode, now);
         }
         let now = Instant::now();
         let mut state = self.state();
         // A writer that stops waiting (cancelled, timed out) lets readers in again.
         state.clear_writer_waiting(key, Some(owner));
-        match Self::live(&mut state, key, now) {
+        match state.live(key, now) {
             Some(entry) if entry.owner == owner => {
                 entry.count -= 1;
                 if entry.count > 0 {
@@ -138,7 +111,7 @@ impl MemoryBackend {
     fn release_after_now(&self, key: &str, owner: &str, hold: Duration) -> Released {
         let now = Instant::now();
         let mut state = self.state();
-        match Self::live(&mut state, key, now) {
+        match state.live(key, now) {
             Some(entry) if entry.owner == owner => {
                 entry.count = 1;
                 entry.expires = now + hold;
@@ -153,9 +126,9 @@ impl MemoryBackend {
         let mut state = self.state();
         batch
             .iter()
-            .map(|r| match Self::live(&mut state, &r.key, now) {
+            .map(|r| match state.live(&r.key, now) {
                 _ if Mode::of(&r.owner).is_shared() => {
-                    Self::renew_shared(&mut state, &r.key, &r.owner, r.lease, now)
+                    shared::renew(&mut state, &r.key, &r.owner, r.lease, now)
                 }
                 Some(entry) if entry.owner == r.owner => {
                     entry.expires = now + r.lease;
@@ -171,7 +144,10 @@ impl Backend for MemoryBackend {
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         match Mode::of(owner) {
             Mode::Exclusive => Ok(self.acquire_now(key, owner, lease)),
-            mode => self.acquire_shared(key, owner, lease, mode),
+            mode => {
+                let now = Instant::now();
+                shared::acquire(&mut self.state(), key, owner, lease, mode, now)
+            }
         }
     }
 
@@ -183,7 +159,10 @@ impl Backend for MemoryBackend {
     ) -> EngineResult<Attempt> {
         match Mode::of(owner) {
             Mode::Exclusive => Ok(self.acquire_exclusive(key, owner, lease, true)),
-            mode => self.acquire_shared(key, owner, lease, mode),
+            mode => {
+                let now = Instant::now();
+                shared::acquire(&mut self.state(), key, owner, lease, mode, now)
+            }
         }
     }
 
@@ -207,7 +186,7 @@ impl Backend for MemoryBackend {
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let existed = Self::live(&mut state, key, now).is_some()
+        let existed = state.live(key, now).is_some()
             || state.group(key, Mode::Read, now).is_some()
             || state.group(key, Mode::Permits(0), now).is_some();
         state.locks.remove(key);
@@ -220,17 +199,19 @@ impl Backend for MemoryBackend {
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        Ok(Self::live(&mut state, key, now).is_some()
+        Ok(state.live(key, now).is_some()
             || state.group(key, Mode::Read, now).is_some()
             || state.group(key, Mode::Permits(0), now).is_some())
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        Ok(self.inspect_now(key))
+        let now = Instant::now();
+        Ok(inspect::inspect(&mut self.state(), key, now))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
-        Ok(self.list_now(prefix))
+        let now = Instant::now();
+        Ok(inspect::list(&self.state(), prefix, now))
     }
 
     // No `watch`: every holder is in this process, and the runtime wakes waiters on release
