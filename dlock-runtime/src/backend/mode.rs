@@ -1,13 +1,9 @@
 //! What an acquisition asks for: the exclusive lock (a write lock), a read lock, or one permit
 //! of a semaphore of `n`.
 //!
-//! The mode travels in the owner token: the runtime appends a tag to the 32 hex digits
-//! (`-r` for a reader, `-s<n>` for a permit of a semaphore of `n`, nothing for the exclusive
-//! lock). Every owner-checked operation (renew, release, the compensating release of a
-//! cancelled attempt, a release from the last-resort thread) then knows which of the key's
-//! structures to touch without another parameter on each path, and engines that name
-//! contenders after their owner (etcd keys, ZooKeeper nodes) can tell every contender's mode
-//! from the queue's listing.
+//! Invariant: the mode travels in the owner token's tag (`-r` a reader, `-s<n>` a permit,
+//! nothing the exclusive lock), so every owner-checked path, and every listing of a queue named
+//! after owners, knows it without another parameter.
 
 /// An acquisition's mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

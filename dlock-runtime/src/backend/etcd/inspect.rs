@@ -1,14 +1,10 @@
 //! etcd's locks as an operator sees them: one range read over the queues
-//! (`<prefix><key>/<owner token>`), the holder of each key its lowest create revision (which
-//! is also its fencing token), its TTL what `LeaseTimeToLive` says of its lease (whole
-//! seconds; one call per lease, and renewed locks of one runtime share one). A read lock or a
-//! semaphore (the mode from the owner token's tag) shows the earliest of its holders (the
-//! readers before the first writer, the permits among the first N), `holds` counting them all
-//! and the TTL the longest of their leases.
+//! (`<prefix><key>/<owner token>`), the holder of each key its lowest create revision (also
+//! its fence), its TTL what `LeaseTimeToLive` says of its lease; a read lock or a semaphore
+//! shows the earliest of its holders, `holds` counting them all.
 //!
-//! Keys that are not a queue entry (an owner tombstone `<prefix>/<owner>`, a key without a
-//! lease, a name whose last segment is not an owner token) are skipped; so is a queue entry of
-//! a longer key (`a/b/<owner>` is in the queue of `a/b`, not of `a`).
+//! Keys that are not a queue entry of exactly that key (a tombstone, a key without a lease, a
+//! name that is no owner token, an entry of a longer key) are skipped.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

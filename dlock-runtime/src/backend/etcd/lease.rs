@@ -1,11 +1,8 @@
-//! Leases shared by the renewed locks of one runtime, as etcd's own concurrency package shares
-//! one session lease: one lease per TTL (whole seconds), granted on first use and kept alive by a
-//! task of its own every quarter of its TTL for as long as the runtime lives. Acquiring and
-//! releasing then cost one request each (a put in a transaction, a delete) instead of a grant,
-//! a put and a revoke; a process that dies or stops stops the keep-alives, and the server
-//! deletes every key of the lease one TTL later.
+//! Leases shared by the renewed locks of one runtime: one lease per TTL (whole seconds), granted
+//! on first use and kept alive every quarter of its TTL while the runtime lives; and the
+//! keep-alives of a waiting contender's own lease.
 //!
-//! The runtime counts a lock on such a lease as valid from the lease's last confirmed
+//! Invariant: a lock on a shared lease counts as valid from the lease's last confirmed
 //! keep-alive (its send time), never from the acquisition: see [`SharedLease::confirmed`].
 
 use std::collections::HashMap;

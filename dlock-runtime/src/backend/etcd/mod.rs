@@ -1,41 +1,10 @@
-//! etcd (`etcd://h1:2379,h2:2379`): a consensus store (Raft, CP), for locks that must stay
-//! correct through a failover.
+//! etcd (`etcd://h1:2379,h2:2379`): a consensus store (Raft, CP). Each key is a FIFO queue of
+//! contender keys `<prefix><key>/<owner token>` on leases ([`queue`], [`lease`]), over one
+//! client ([`client`]).
 //!
-//! The recipe of etcd's own concurrency package, implemented here on plain KV operations (not
-//! the Lock RPC, so that a cancelled or timed-out waiter removes its own place in the queue):
-//! - a contender's key `<prefix><key>/<owner token>` is attached to a **lease**: for a renewed
-//!   lock the runtime's **shared lease** of that TTL (the lock's lease rounded up to whole
-//!   seconds; the server may raise it to its minimum), kept alive by the runtime every quarter
-//!   of its TTL (`lease.rs`), as etcd's sessions do; for a hard-capped lock
-//!   (`watchdog(false)`) a lease of its own, kept alive only while it waits, so that the server
-//!   ends it at the lease whatever the runtime does;
-//! - joining is one transaction: put the key unless it exists (a retried request of the same
-//!   owner) and read the head of the queue; the holder is the lowest **create revision** under
-//!   the prefix (FIFO), which is also the fencing token (strictly increasing cluster-wide), so
-//!   an uncontended acquisition is this one request;
-//! - a waiter watches only its predecessor's key (no herd); when the predecessor headed the
-//!   queue, its deletion makes the waiter first without a second lookup;
-//! - after waiting, it checks that its key still exists before reporting the lock acquired,
-//!   and renews its lease in the same round trip unless the runtime confirmed it lately (etcd
-//!   3.4 was seen granting a queued waiter whose lease had expired);
-//! - release deletes the key (one request: a delete that finds nothing means the lock was
-//!   lost); a deadline or a cancellation does the same (the runtime's compensating release);
-//! - **hand-over within the runtime**: when an exclusive holder releases and the waiter
-//!   watching its key (right behind the head) is of this runtime, that waiter is told before
-//!   the delete is sent and holds at once, without waiting for the delete to commit, its event,
-//!   or a confirmation read (`../successor.rs`): the holder's body has ended, the only key
-//!   ahead of the waiter's is ours and is being deleted, and to every other process the head
-//!   of the queue is ours throughout, so the queue stays FIFO across processes. Its fence is
-//!   its own create revision as always. It takes the hand-over only when its shared lease was
-//!   confirmed within the last half of its TTL (its key lives, unless deleted from outside,
-//!   which its first renewal finds as for any holder), counting from that confirmation; else
-//!   it confirms as after the event. A delete that fails or times out leaves the holder's key
-//!   (still ours, ahead of everyone) to the background removal; the release's answer is the
-//!   delete's, as without the hand-over.
-//!
-//! Renewal is one keep-alive per lease in the batch plus one read of every key of the batch,
-//! both at once: a lease expired or revoked, or a key deleted from outside, is a loss. A lock
-//! counts as valid from its lease's last confirmed keep-alive, not from its acquisition.
+//! Invariant: the holder is the lowest create revision under the key's prefix, which is also
+//! the fence (strictly increasing cluster-wide); a lock counts as valid from its lease's last
+//! confirmed keep-alive, never from its acquisition.
 
 mod client;
 pub(crate) mod config;

@@ -88,7 +88,7 @@ impl Queue {
 
     /// Joins the queue of `key` in one transaction: puts the contender's key unless it exists
     /// (a retried request of the same owner) or the owner's tombstone does (a release already
-    /// undid this request: see [`EtcdBackend::bury`]), and reads the head of the queue.
+    /// undid this request: see [`Etcd::bury`]), and reads the head of the queue.
     /// Returns the contender's create revision (0: no key, buried) and whether it heads the
     /// queue.
     pub(super) async fn join(
@@ -175,7 +175,7 @@ impl Queue {
         }
     }
 
-    /// [`queue`](Self::queue) for an exclusive lock.
+    /// The queueing of [`exclusive`](Self::exclusive): join, wait, confirm.
     async fn queue_exclusive(
         &self,
         key: &str,
@@ -420,7 +420,7 @@ impl Queue {
         })
     }
 
-    /// Revokes `lease`, sending again what was refused at connect (see [`Self::bounded`]).
+    /// Revokes `lease`, sending again what was refused at connect (see [`Etcd::bounded`]).
     pub(super) async fn revoke(
         &self,
         lease: i64,

@@ -1,11 +1,9 @@
 //! Redis Cluster: a connection that can be rebuilt, and the sharded subscriptions to restore.
 //!
-//! The cluster client follows MOVED/ASK and refreshes its slot map after connection errors,
-//! but not after timeouts: a master that froze (rather than died) and was failed over would
-//! keep its slots' calls timing out. Any timeout therefore asks the maintenance task to
-//! rebuild the connection from the seeds (a fresh slot map); a disconnect or a rebuild makes it
-//! re-issue `SSUBSCRIBE` for every watched channel until all are confirmed, then wake every
-//! waiter.
+//! Invariant: any timeout asks the maintenance task to rebuild the connection from the seeds (a
+//! fresh slot map: the client refreshes it after connection errors only); a disconnect or a
+//! rebuild re-issues `SSUBSCRIBE` for every watched channel until all are confirmed, then
+//! wakes every waiter.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};

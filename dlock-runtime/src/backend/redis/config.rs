@@ -1,20 +1,10 @@
 //! Configuration of the Redis engines: `redis://`, `rediss://` (one server) and
-//! `redis+cluster://`, `rediss+cluster://` (a cluster, one URL per seed node).
+//! `redis+cluster://`, `rediss+cluster://` (one URL per seed node); node options `db`, `user`,
+//! `pass`, and for TLS `ca`, `cert`, `key`. Anything else is a typo, not an option.
 //!
-//! Node URLs carry the redis client's `protocol` option and options applied here: `db`,
-//! `user`, `pass` (the redis client reads these three from unix-socket URLs only) and, for
-//! `rediss://`, `ca` (a PEM file of the certificate authorities to trust instead of the webpki
-//! roots) plus `cert` and `key` (PEM files of a client certificate and its key, for servers
-//! that require one: mutual TLS). A `user:password@` written before the first host of a
-//! `redis+cluster://` or `redlock://` URL applies to every host. Anything else is a typo, not an
-//! option.
-//!
-//! TLS always verifies the server's certificate. The redis client's `#insecure` fragment,
-//! which turns verification off, is refused unless the crate is built with the loudly named
-//! feature `tls-insecure-skip-verify`.
-//!
-//! Passwords never leave this module in clear: `Debug` and every message show URLs through
-//! [`redact`].
+//! Invariants: TLS always verifies the server's certificate (the `#insecure` fragment is
+//! refused unless built with `tls-insecure-skip-verify`); passwords never leave this module in
+//! clear (`Debug` and every message show URLs through [`redact`]).
 
 use std::fmt;
 use std::sync::Arc;

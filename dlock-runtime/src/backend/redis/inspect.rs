@@ -1,17 +1,10 @@
-//! Locks as an operator sees them (`inspect`, `list`): the lock strings and semaphores'
-//! permits under the prefix, found with `SCAN … MATCH` (never `KEYS`; on Cluster on every
-//! master), read with `lua/inspect.lua` (value, `PTTL`, live readers and permit holders at one
-//! instant).
+//! Locks as an operator sees them (`inspect`, `list`): the lock strings and semaphores' permits
+//! under the prefix, found with `SCAN … MATCH` (on Cluster on every master), read with
+//! `lua/inspect.lua` at one instant.
 //!
-//! A holder is a value that is an owner token, `+` appended or not (see `names.rs`). A read
-//! lock (the readers' mark in the lock string, live readers in `:readers`) or a semaphore (live
-//! holders in `:permits`) shows the holder whose lease ends last as `owner`, its lease left as
-//! `ttl` (the key is taken until then), and `holds` counting every live holder. A
-//! reservation after a flagged release (`><runtime id>`, `~<runtime id>`) is nobody's hold, and a key of
-//! another type or with a value the runtime did not write is skipped, not an error. No fence is
-//! shown: the counter holds the last token of the latest reserved block, spent also by
-//! attempts that found the key busy, and the holder may be one the lock was handed to within
-//! its runtime, so the holder's own token cannot be told from it.
+//! A holder is a value that is an owner token (`+` appended or not); a read lock or a semaphore
+//! shows the holder whose lease ends last, `holds` counting every live holder. Reservations and
+//! foreign values are skipped. No fence is shown (the counter cannot tell the holder's own).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,21 +1,11 @@
 //! Redis (`redis://`, `rediss://`) and Redis Cluster (`redis+cluster://`): Lua scripts on
-//! RESP3 connections. On Cluster every name of one lock shares a hash slot ([`names`]), so each
-//! script runs on the key's shard, and the release notification uses sharded pub/sub
-//! (`SPUBLISH`/`SSUBSCRIBE`), which follows the shard.
+//! RESP3 connections. [`RedisBackend`] dispatches each operation by mode to a job file
+//! (`exclusive`, `shared`, `fair`, `multi`, `inspect`, `subscribe`), every one calling the
+//! request layer [`client`] over one connection ([`link`]).
 //!
-//! By job: [`config`] (URLs and options), [`link`] (the connections, error mapping), [`wire`]
-//! and [`frame`] (the command connection of the runtime's own), [`cluster`] (rebuilding a
-//! cluster connection, restoring sharded subscriptions), [`names`] (key layout, hash slots),
-//! [`script`] (the Lua scripts), [`push`] (notifications).
-//!
-//! One server has two connections. The commands go through [`wire`] on plaintext TCP: a
-//! request is written by its caller when nothing is in flight (one task hop a round trip, not
-//! the client library's two) and queued in the order it was made, also across a reconnect
-//! (through the client library's connection under TLS or on a Unix socket). The subscriptions
-//! are on the client library's `ConnectionManager`, which resubscribes the release channels
-//! after a restart. On a disconnect of either every local waiter retries (a message published
-//! while the subscription was down reached nobody; a Redlock node is checked for a restart),
-//! and every wait is bounded by the holder's TTL anyway.
+//! Invariant: every name of one lock shares a hash slot ([`names`]), so each script runs on
+//! the key's shard and the release notification follows it (`SPUBLISH`/`SSUBSCRIBE` on
+//! Cluster); every wait is bounded by the holder's TTL, notifications are only hints.
 
 mod acl;
 mod client;

@@ -1,18 +1,10 @@
 //! One request per node, answers taken as they come: the caller settles as soon as the answers
 //! so far decide the outcome, and the requests still out finish in the background.
 //!
-//! Ordering: every node's request is polled at least once before [`FanOut::until`] returns,
+//! Invariant: every node's request is polled at least once before [`FanOut::until`] returns,
 //! and whatever is started afterwards ([`Background::start`]) is polled once before it is
-//! handed to a task. One poll hands a request to its node's connection (the redis client
-//! queues it on the connection's single pipeline, written in order), so a request finished in
-//! the background still reaches its node before any request the caller sends to that node
-//! next: a release answered by the quorum is processed on the slow node before the next
-//! acquire of the key. (A connection that is being re-established queues nothing until it is
-//! up; requests waiting for it are sent in no particular order.) The calls and chores run
-//! unconstrained by tokio's cooperative budget, so that a first poll is never turned away.
-//! A node that may not have the scripts (first contact, a reconnect) gets them loaded ahead
-//! of the request (`RedisBackend::load_scripts`): a script run answered "no such script" is
-//! resent as `EVAL` behind whatever was queued meanwhile, which would break that order.
+//! handed to a task, so a request finished in the background still reaches its node before
+//! the caller's next request to that node.
 
 use std::future::Future;
 use std::pin::Pin;

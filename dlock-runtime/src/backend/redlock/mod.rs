@@ -1,25 +1,10 @@
-//! Redlock: a majority of N independent Redis masters (`redlock://h1:p1,h2:p2,h3:p3`).
+//! Redlock: a quorum of N independent Redis masters (`redlock://h1:p1,h2:p2,h3:p3`), each a
+//! lazily connected single-server backend ([`nodes`]).
 //!
-//! The algorithm as published: one owner token for all nodes; each attempt goes to every node
-//! **concurrently**, each call bounded by a per-node timeout far below the lease; the lock is
-//! ours when at least the quorum (`N/2 + 1` unless configured higher) of nodes granted it and
-//! the validity `lease - elapsed - drift` (drift = 1 % of the lease + 2 ms) is still at least
-//! `min_validity` of the lease. A grant from a node seen restarting within `rejoin_after`
-//! does not count ([`restarts`]). Otherwise the
-//! attempt is undone on every node (owner-checked) and the runtime retries until its deadline:
-//! after the holder's TTL or a release notification when another owner holds a majority,
-//! after a short random delay on a split vote.
-//!
-//! Acquire, release and renew are decided as soon as the answers so far settle them
-//! ([`fanout`]): the nodes still out finish in the background, each request already queued on
-//! its node's connection, so that this process's next request to that node comes after it.
-//!
-//! Each node runs the same scripts as standalone Redis. Renewal must be confirmed by a
-//! majority within the validity, or the lease counts as lost; a majority that says "not ours"
-//! is a loss at once. A release message from any node is a hint that wakes local waiters.
-//!
-//! No fencing: the nodes' counters are independent, and no majority vote can turn them into
-//! one strictly increasing sequence, so `fence()` is `None`.
+//! Invariant: a lock is ours only while a quorum of nodes granted (or renewed) it and the
+//! validity `lease - elapsed - drift` holds ([`acquire`]); grants of a node seen restarting
+//! within `rejoin_after` do not count ([`restarts`]). No fencing: the nodes' counters are
+//! independent, so `fence()` is `None`.
 
 mod acquire;
 pub(crate) mod config;

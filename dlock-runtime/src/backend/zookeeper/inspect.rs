@@ -1,12 +1,9 @@
-//! ZooKeeper's locks as an operator sees them: the children of a key's node
-//! (`/<prefix>/<escaped key>/lock-<owner>-<sequence>`), the lowest sequence holding; its
-//! fence the node's `czxid`. A node lives as long as its holder's session, not a lease, so the
-//! TTL shown is the session timeout this runtime negotiated: how long the holder's node
-//! outlives its session if the holder stopped now (the server does not show the timeout of
-//! another client's session; runtimes configured alike get the same). A read lock or a
-//! semaphore (the mode from the owner token's tag in the node names) shows the earliest of its
-//! holders (the readers before the first writer, the permits among the first N), `holds`
-//! counting them all.
+//! ZooKeeper's locks as an operator sees them: the children of a key's node, the lowest sequence
+//! holding, its fence the node's `czxid`; a read lock or a semaphore shows the earliest of its
+//! holders, `holds` counting them all.
+//!
+//! The TTL shown is the session timeout this runtime negotiated (a node lives as long as its
+//! holder's session; the server does not show another client's timeout).
 
 use zookeeper_client::Error as ZkError;
 

@@ -1,44 +1,9 @@
-//! ZooKeeper (`zk://h1:2181,h2:2181/chroot`): a consensus store (Zab, CP).
+//! ZooKeeper (`zk://h1:2181,h2:2181/chroot`): a consensus store (Zab, CP), a queue of ephemeral
+//! sequential nodes per key ([`queue`]) on one session ([`session`]).
 //!
-//! The standard recipe: each contender creates an ephemeral sequential node
-//! `/dlock/<escaped key>/lock-<sequence>` (under container parents, which the server removes
-//! once empty); the holder is the lowest sequence; each waiter watches only its predecessor
-//! (no herd). The node lives as long as the runtime's ZooKeeper session, so the **session
-//! timeout** is the bound after which a dead holder's lock is freed, not the per-lock lease.
-//! That is the timeout the server *granted* (negotiated), not the one asked for (runtime option
-//! `session_timeout`, default 10 s): the server clamps requests to its `minSessionTimeout` ..
-//! `maxSessionTimeout` (by default 2 to 20 ticks). The runtime never counts on more than the
-//! negotiated timeout after the send time of its last confirmed call, whatever the lease: the
-//! server expires a silent session no earlier than that, so a holder cut off from the server
-//! (or frozen) counts its lock lost no later than the server can expire it. The fencing token
-//! is the node's creation zxid (`czxid`), strictly increasing across holders.
-//!
-//! **Hand-over within the runtime**: when an exclusive holder releases and the waiter watching
-//! its node (right behind the head) is of this runtime, that waiter is told before the delete
-//! is sent and holds at once, without waiting for the delete or its event (`../successor.rs`):
-//! the holder's body has ended, the only node ahead of the waiter's is ours and is being
-//! deleted, and to every other process the head of the queue is ours throughout, so the queue
-//! stays FIFO across processes. Its fence is its own node's `czxid` as always. It takes the
-//! hand-over only while its node's session is the one in place, connected, and confirmed by
-//! an answer to a call sent within the last half of the negotiated timeout (else it waits for
-//! the node's events, as without it); its validity counts from that call's send time, before
-//! which the server cannot have expired the session. A holder frozen past its session timeout
-//! thus hands nothing to a waiter of its process whose node went with the session.
-//!
-//! Renewal checks that the session is connected and the node still exists as an ephemeral node
-//! of the session in place (not one of a session the client replaced); a session that
-//! expired (or a node deleted from outside) is a loss. When the client gives up on its session
-//! (the server was unreachable for longer than the client waits, 1.4 × the session timeout),
-//! one task recovers for all: it first resumes that session, since a server that restarted
-//! restores its sessions from its log and would otherwise keep their nodes — locks and queue
-//! places nobody tracks any more — until it expires them; only a session the server no longer
-//! knows is replaced by a new one. A resumed session keeps the timeout asked for.
-//!
-//! A node of a live session never goes by itself, whatever the lease: a release, or a waiter
-//! leaving the queue, whose delete got no answer (the connection broke, the server restarted,
-//! no reply in time) would leave the node in line ahead of everyone for as long as this process
-//! keeps its session. Such a node is removed in the background, retried until the server
-//! answers, for as long as the runtime lives.
+//! Invariant: a lock lives as long as the runtime's session, so the runtime never counts on more
+//! than the *negotiated* session timeout after the send time of its last answered call, whatever
+//! the lease. The fence is the node's creation zxid (`czxid`), strictly increasing across holders.
 
 pub(crate) mod config;
 mod inspect;

@@ -2,24 +2,10 @@
 //! through which every command of a single-server backend goes (the client library's
 //! connection manager keeps the subscriptions and their pushes).
 //!
-//! Why: the client library hands each request to a task of its connection, which writes it
-//! and reads the reply: two task hops a round trip, about a third of a loopback round trip.
-//! Here a request is written by the task that makes it when nothing else is in flight (the
-//! sequential case: one hop, the reply's), and otherwise appended to the bytes the
-//! connection's task writes next (the loaded case: one write for many requests, as in the
-//! client library). The task yields once before it takes them, so that the callers ready to
-//! run add theirs; the caller whose request makes a batch of [`CALLER_BATCH`](state::CALLER_BATCH) writes the batch
-//! itself at once, so that the server works on it while the other callers run (left to the
-//! task, the whole round went out in one write after all of them had run, and the server
-//! waited for it).
-//!
-//! The one rule: **a request is queued when it is made**, before its future is first polled:
-//! its bytes are written, or appended to the connection's buffer, and its reply slot is in
-//! line, under one lock. Requests therefore reach the server in the order they were made,
-//! which Redlock's undo of a lost attempt relies on (its release must run before the next
-//! attempt of the same owner, made right after it; see `redlock/fanout.rs`). This holds across
-//! a reconnection too: a request made while the connection is down waits in line for the next
-//! connection, and one whose caller has gone by then is not sent.
+//! The one rule: **a request is queued when it is made**, before its future is first polled
+//! (its bytes written or appended to the connection's buffer, its reply slot in line, under
+//! one lock), so requests reach the server in the order they were made, also across a
+//! reconnection; one whose caller has gone before the connection is back is not sent.
 
 use std::sync::Arc;
 use std::time::Duration;

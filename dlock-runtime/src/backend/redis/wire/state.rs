@@ -216,7 +216,7 @@ impl Shared {
 
 /// The connection's task: connects when requests wait, then writes what callers queued and
 /// reads replies until the connection fails; then fails what was in flight and waits for the
-/// next request. Ends when the last [`Wire`] handle is dropped.
+/// next request. Ends when the last [`Wire`](super::Wire) handle is dropped.
 async fn run(shared: Arc<Shared>) {
     let _ended = Ended(shared.clone());
     loop {
@@ -507,9 +507,7 @@ fn write_now(stream: &TcpStream, bytes: &[u8]) -> usize {
 
 /// Requests queued behind the task's yield that the caller adding the last of them writes at
 /// once (see [`Writer::Caller`]): the server starts on them while the callers still ready to
-/// run queue theirs. Measured with 64 tasks on distinct keys (the benchmark's `peer` section):
-/// 16 gave 1.03-1.22x rslock's pairs a second, 8 gave 0.96-1.03x, 24 and 32 0.87-1.01x, and
-/// leaving every batch to the task 0.87-1.03x.
+/// run queue theirs.
 pub(super) const CALLER_BATCH: usize = 16;
 
 pub(super) fn dropped(what: &'static str) -> RedisError {
