@@ -80,6 +80,62 @@ pub(crate) fn holding_now(queue: &[Mode]) -> usize {
     }
 }
 
+/// Where an entry of a queue stands, seen from the contender asking ([`shared_holds`]).
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "zookeeper")),
+    allow(dead_code, reason = "read by the engines with a queue")
+)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Position {
+    /// The contender's own entry.
+    Mine,
+    /// Created before it.
+    Ahead,
+    /// Created after it.
+    Behind,
+}
+
+/// Whether a reader or a permit of `key` (`mode`) holds, from every entry of its queue (etcd,
+/// ZooKeeper: in any order) with its mode and position: a reader when no writer is ahead, a
+/// permit of a semaphore of N when fewer than N entries are. `Ok(None)` when its own entry is
+/// missing; `InvalidConfig` when a contender of the semaphore asked for another number of
+/// permits. (Which of the front entries hold *now*, for inspection, is [`holding_now`].)
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "zookeeper")),
+    allow(dead_code, reason = "read by the engines with a queue")
+)]
+pub(crate) fn shared_holds(
+    key: &str,
+    mode: Mode,
+    queue: impl IntoIterator<Item = (Mode, Position)>,
+) -> Result<Option<bool>, crate::error::LockError> {
+    let mut earlier = 0usize;
+    let mut writer_ahead = false;
+    let mut present = false;
+    for (other, position) in queue {
+        if let (Mode::Permits(asked), Mode::Permits(held)) = (mode, other)
+            && asked != held
+        {
+            return Err(permits_mismatch(key, asked, held));
+        }
+        match position {
+            Position::Mine => present = true,
+            Position::Ahead => {
+                earlier += 1;
+                writer_ahead |= other == Mode::Exclusive;
+            }
+            Position::Behind => {}
+        }
+    }
+    if !present {
+        return Ok(None);
+    }
+    Ok(Some(match mode {
+        Mode::Permits(n) => earlier < n as usize,
+        _ => !writer_ahead,
+    }))
+}
+
 /// `InvalidConfig` for a semaphore asked with `asked` permits while its holders use `held`.
 pub(crate) fn permits_mismatch(key: &str, asked: u32, held: u32) -> crate::error::LockError {
     crate::error::LockError::config(format!(
@@ -102,6 +158,30 @@ mod tests {
         assert_eq!(holding_now(&[Read, Read, Exclusive, Read]), 2);
         assert_eq!(holding_now(&[Permits(2), Permits(2), Permits(2)]), 2);
         assert_eq!(holding_now(&[Permits(3), Permits(3)]), 2);
+    }
+
+    #[test]
+    fn a_reader_holds_with_no_writer_ahead_and_a_permit_among_the_first_n() {
+        use Mode::{Exclusive, Permits, Read};
+        use Position::{Ahead, Behind, Mine};
+        let holds = |mode, queue: &[(Mode, Position)]| {
+            shared_holds("k", mode, queue.iter().copied()).map_err(|e| e.to_string())
+        };
+        assert_eq!(holds(Read, &[(Read, Ahead), (Read, Mine)]), Ok(Some(true)));
+        assert_eq!(
+            holds(Read, &[(Exclusive, Ahead), (Read, Mine)]),
+            Ok(Some(false))
+        );
+        assert_eq!(
+            holds(Read, &[(Read, Mine), (Exclusive, Behind)]),
+            Ok(Some(true))
+        );
+        let semaphore = [(Permits(2), Ahead), (Permits(2), Ahead), (Permits(2), Mine)];
+        assert_eq!(holds(Permits(2), &semaphore), Ok(Some(false)));
+        assert_eq!(holds(Permits(2), &semaphore[1..]), Ok(Some(true)));
+        assert_eq!(holds(Read, &[(Read, Ahead)]), Ok(None), "its entry is gone");
+        let refused = holds(Permits(2), &[(Permits(3), Behind), (Permits(2), Mine)]);
+        assert!(refused.is_err_and(|e| e.contains("asked with 2 permits while its holders use 3")));
     }
 
     #[test]

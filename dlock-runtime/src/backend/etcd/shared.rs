@@ -14,7 +14,7 @@ use super::client::ttl_seconds;
 use super::lease;
 use super::queue::{Contender, Queue};
 use crate::backend::io_thread::AbortOnDrop;
-use crate::backend::mode::{Mode, permits_mismatch};
+use crate::backend::mode::{Mode, Position, shared_holds};
 use crate::backend::{Attempt, Queued, Queueing};
 use crate::error::LockError;
 
@@ -63,34 +63,30 @@ pub(super) async fn queue(
             .etcd
             .read_queue(key, "queue lookup failed", options)
             .await?;
-        let mut earlier = 0usize;
-        let mut writer_ahead = false;
-        let mut present = false;
-        for kv in entries.kvs() {
+        let positions = entries.kvs().iter().map(|kv| {
             let other = Mode::of(kv.value_str().unwrap_or_default());
-            if let (Mode::Permits(asked), Mode::Permits(held)) = (mode, other)
-                && asked != held
-            {
-                queue.leave(owner).await;
-                return Err(permits_mismatch(key, asked, held));
-            }
-            if kv.key() == contender.as_bytes() {
-                present = true;
+            let position = if kv.key() == contender.as_bytes() {
+                Position::Mine
             } else if kv.create_revision() < my_revision {
-                earlier += 1;
-                writer_ahead |= other == Mode::Exclusive;
+                Position::Ahead
+            } else {
+                Position::Behind
+            };
+            (other, position)
+        });
+        let holds = match shared_holds(key, mode, positions) {
+            Err(refused) => {
+                queue.leave(owner).await;
+                return Err(refused);
             }
-        }
-        if !present {
-            return Err(LockError::backend(
-                Some(key),
-                "the key was deleted while queued",
-                None,
-            ));
-        }
-        let holds = match mode {
-            Mode::Permits(n) => earlier < n as usize,
-            _ => !writer_ahead,
+            Ok(None) => {
+                return Err(LockError::backend(
+                    Some(key),
+                    "the key was deleted while queued",
+                    None,
+                ));
+            }
+            Ok(Some(holds)) => holds,
         };
         if holds {
             if !waited {

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::path::sequence;
 use super::session::Session;
-use crate::backend::mode::{Mode, permits_mismatch};
+use crate::backend::mode::{Mode, Position, shared_holds};
 use crate::error::LockError;
 
 /// How a reader's or a permit's wait ended.
@@ -41,37 +41,29 @@ pub(super) async fn wait(
                 client.list_and_watch_children(parent),
             )
             .await?;
-        let mut earlier = 0usize;
-        let mut writer_ahead = false;
-        let mut present = false;
-        for name in &children {
-            let Some(seq) = sequence(name) else { continue };
+        let entries = children.iter().filter_map(|name| {
+            let seq = sequence(name)?;
             let other = Mode::of(name.strip_prefix("lock-").unwrap_or_default());
-            if let (Mode::Permits(asked), Mode::Permits(held)) = (mode, other)
-                && asked != held
-            {
-                return Ok(Waited::Refused(permits_mismatch(key, asked, held)));
-            }
-            if my_node.ends_with(name.as_str()) {
-                present = true;
+            let position = if my_node.ends_with(name.as_str()) {
+                Position::Mine
             } else if seq < my_seq {
-                earlier += 1;
-                writer_ahead |= other == Mode::Exclusive;
+                Position::Ahead
+            } else {
+                Position::Behind
+            };
+            Some((other, position))
+        });
+        match shared_holds(key, mode, entries) {
+            Err(refused) => return Ok(Waited::Refused(refused)),
+            Ok(None) => {
+                return Err(LockError::backend(
+                    Some(key),
+                    "the queue node vanished (session expired?)",
+                    None,
+                ));
             }
-        }
-        if !present {
-            return Err(LockError::backend(
-                Some(key),
-                "the queue node vanished (session expired?)",
-                None,
-            ));
-        }
-        let holds = match mode {
-            Mode::Permits(n) => earlier < n as usize,
-            _ => !writer_ahead,
-        };
-        if holds {
-            return Ok(Waited::Holds);
+            Ok(Some(true)) => return Ok(Waited::Holds),
+            Ok(Some(false)) => {}
         }
         if Instant::now() >= deadline
             || tokio::time::timeout_at(deadline, watcher.changed())
