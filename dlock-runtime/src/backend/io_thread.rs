@@ -1,21 +1,15 @@
-//! A thread of the engine's own for a client library's background tasks (its connections).
+//! A thread with a tokio runtime of the engine's own for a client library's background tasks
+//! (its connections: etcd, ZooKeeper).
 //!
-//! A client library that serves its connections from tasks (etcd's HTTP/2 connection and
-//! request buffer) has them woken by its callers: a request sent, flow control released as an
-//! answer is read, a stream dropped. On a multi-thread tokio runtime, a task woken from a
-//! worker waits in that worker's own next slot, which no other worker takes from, so a holder
-//! that blocks its thread right after such a wake (a synchronous call in its body) keeps the
-//! connection, and every renewal over it, from running until it returns: its lease runs out
-//! while it holds. Created on a runtime of its own, on a thread of its own, those tasks are
-//! woken from outside the caller's runtime and never wait behind its workers; the caller's
-//! tasks are woken from that thread, which puts them where any worker takes them.
+//! Invariant: those tasks are never woken onto a caller's worker, so a holder that blocks its
+//! thread cannot stall the connection its renewals go over.
 
 use std::future::Future;
 
 use tokio::runtime::{Builder, Handle};
 use tokio::sync::oneshot;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// A current-thread tokio runtime on a thread of its own, running until dropped.
 pub(crate) struct IoThread {

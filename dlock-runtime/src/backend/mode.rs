@@ -1,13 +1,9 @@
 //! What an acquisition asks for: the exclusive lock (a write lock), a read lock, or one permit
 //! of a semaphore of `n`.
 //!
-//! The mode travels in the owner token: the runtime appends a tag to the 32 hex digits
-//! (`-r` for a reader, `-s<n>` for a permit of a semaphore of `n`, nothing for the exclusive
-//! lock). Every owner-checked operation (renew, release, the compensating release of a
-//! cancelled attempt, a release from the last-resort thread) then knows which of the key's
-//! structures to touch without another parameter on each path, and engines that name
-//! contenders after their owner (etcd keys, ZooKeeper nodes) can tell every contender's mode
-//! from the queue's listing.
+//! Invariant: the mode travels in the owner token's tag (`-r` a reader, `-s<n>` a permit,
+//! nothing the exclusive lock), so every owner-checked path, and every listing of a queue named
+//! after owners, knows it without another parameter.
 
 /// An acquisition's mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -54,7 +50,7 @@ impl Mode {
         !matches!(self, Mode::Exclusive)
     }
 
-    /// How [`LockInfo::mode`](crate::LockInfo::mode) names it.
+    /// How `LockInfo::mode` names it.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Exclusive => "exclusive",
@@ -84,9 +80,65 @@ pub(crate) fn holding_now(queue: &[Mode]) -> usize {
     }
 }
 
+/// Where an entry of a queue stands, seen from the contender asking ([`shared_holds`]).
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "zookeeper")),
+    allow(dead_code, reason = "read by the engines with a queue")
+)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Position {
+    /// The contender's own entry.
+    Mine,
+    /// Created before it.
+    Ahead,
+    /// Created after it.
+    Behind,
+}
+
+/// Whether a reader or a permit of `key` (`mode`) holds, from every entry of its queue (etcd,
+/// ZooKeeper: in any order) with its mode and position: a reader when no writer is ahead, a
+/// permit of a semaphore of N when fewer than N entries are. `Ok(None)` when its own entry is
+/// missing; `InvalidConfig` when a contender of the semaphore asked for another number of
+/// permits. (Which of the front entries hold *now*, for inspection, is [`holding_now`].)
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "zookeeper")),
+    allow(dead_code, reason = "read by the engines with a queue")
+)]
+pub(crate) fn shared_holds(
+    key: &str,
+    mode: Mode,
+    queue: impl IntoIterator<Item = (Mode, Position)>,
+) -> Result<Option<bool>, crate::error::LockError> {
+    let mut earlier = 0usize;
+    let mut writer_ahead = false;
+    let mut present = false;
+    for (other, position) in queue {
+        if let (Mode::Permits(asked), Mode::Permits(held)) = (mode, other)
+            && asked != held
+        {
+            return Err(permits_mismatch(key, asked, held));
+        }
+        match position {
+            Position::Mine => present = true,
+            Position::Ahead => {
+                earlier += 1;
+                writer_ahead |= other == Mode::Exclusive;
+            }
+            Position::Behind => {}
+        }
+    }
+    if !present {
+        return Ok(None);
+    }
+    Ok(Some(match mode {
+        Mode::Permits(n) => earlier < n as usize,
+        _ => !writer_ahead,
+    }))
+}
+
 /// `InvalidConfig` for a semaphore asked with `asked` permits while its holders use `held`.
-pub(crate) fn permits_mismatch(key: &str, asked: u32, held: u32) -> crate::LockError {
-    crate::LockError::config(format!(
+pub(crate) fn permits_mismatch(key: &str, asked: u32, held: u32) -> crate::error::LockError {
+    crate::error::LockError::config(format!(
         "semaphore `{key}` asked with {asked} permits while its holders use {held}: \
          every holder of a semaphore must ask for the same number"
     ))
@@ -106,6 +158,30 @@ mod tests {
         assert_eq!(holding_now(&[Read, Read, Exclusive, Read]), 2);
         assert_eq!(holding_now(&[Permits(2), Permits(2), Permits(2)]), 2);
         assert_eq!(holding_now(&[Permits(3), Permits(3)]), 2);
+    }
+
+    #[test]
+    fn a_reader_holds_with_no_writer_ahead_and_a_permit_among_the_first_n() {
+        use Mode::{Exclusive, Permits, Read};
+        use Position::{Ahead, Behind, Mine};
+        let holds = |mode, queue: &[(Mode, Position)]| {
+            shared_holds("k", mode, queue.iter().copied()).map_err(|e| e.to_string())
+        };
+        assert_eq!(holds(Read, &[(Read, Ahead), (Read, Mine)]), Ok(Some(true)));
+        assert_eq!(
+            holds(Read, &[(Exclusive, Ahead), (Read, Mine)]),
+            Ok(Some(false))
+        );
+        assert_eq!(
+            holds(Read, &[(Read, Mine), (Exclusive, Behind)]),
+            Ok(Some(true))
+        );
+        let semaphore = [(Permits(2), Ahead), (Permits(2), Ahead), (Permits(2), Mine)];
+        assert_eq!(holds(Permits(2), &semaphore), Ok(Some(false)));
+        assert_eq!(holds(Permits(2), &semaphore[1..]), Ok(Some(true)));
+        assert_eq!(holds(Read, &[(Read, Ahead)]), Ok(None), "its entry is gone");
+        let refused = holds(Permits(2), &[(Permits(3), Behind), (Permits(2), Mine)]);
+        assert!(refused.is_err_and(|e| e.contains("asked with 2 permits while its holders use 3")));
     }
 
     #[test]

@@ -2,20 +2,9 @@
 //! watches as its predecessor, so that a holder of this runtime hands its key to the waiter
 //! right behind it without waiting for the engine.
 //!
-//! A waiter registers ([`Successors::watch`]) when it starts watching its predecessor's entry
-//! (an etcd key, a ZooKeeper node) and is taken off when it stops, by whatever path (the
-//! [`Watching`] is dropped: acquired, given up, cancelled, failed). When an exclusive holder of
-//! this runtime releases, the engine hands over ([`Successors::hand_over`]) before it sends
-//! the delete: the waiter watching the holder's entry is right behind the head of the queue
-//! (nothing can be queued between a waiter and the predecessor it found, entries only join at
-//! the tail), the head is ours and its holder's body has ended, so that waiter may count itself
-//! holder at once; to other processes the head of the queue is ours throughout (the holder's
-//! entry, then the waiter's), so nobody is overtaken. Whether it does is the waiter's call: it
-//! takes the hand-over only when it knows its own entry alive (etcd: its shared lease confirmed
-//! lately; ZooKeeper: its node's session connected), else it goes on as without it.
-//!
-//! Two waiters registered on the same predecessor (one of them is leaving, or its entry
-//! vanished: only one can be right behind it) are both left to the engine's events.
+//! Invariant: a waiter is registered ([`Successors::watch`]) exactly while it watches (the
+//! [`Watching`] guard); a hand-over ([`Successors::hand_over`]) reaches at most the one waiter
+//! registered on the holder's entry, and two waiters on one entry are both left to the engine.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,9 +3,9 @@
 //! call timeout are the runtime's.
 
 use super::EtcdBackend;
-use crate::LockError;
 use crate::backend::url::EngineUrl;
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig};
+use crate::error::LockError;
 
 #[derive(Debug, Clone)]
 pub(crate) struct EtcdConfig {

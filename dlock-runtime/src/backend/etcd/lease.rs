@@ -1,11 +1,8 @@
-//! Leases shared by the renewed locks of one runtime, as etcd's own concurrency package shares
-//! one session lease: one lease per TTL (whole seconds), granted on first use and kept alive by a
-//! task of its own every quarter of its TTL for as long as the runtime lives. Acquiring and
-//! releasing then cost one request each (a put in a transaction, a delete) instead of a grant,
-//! a put and a revoke; a process that dies or stops stops the keep-alives, and the server
-//! deletes every key of the lease one TTL later.
+//! Leases shared by the renewed locks of one runtime: one lease per TTL (whole seconds), granted
+//! on first use and kept alive every quarter of its TTL while the runtime lives; and the
+//! keep-alives of a waiting contender's own lease.
 //!
-//! The runtime counts a lock on such a lease as valid from the lease's last confirmed
+//! Invariant: a lock on a shared lease counts as valid from the lease's last confirmed
 //! keep-alive (its send time), never from the acquisition: see [`SharedLease::confirmed`].
 
 use std::collections::HashMap;
@@ -16,7 +13,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use tokio::time::Instant;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// One lease shared by the locks of one TTL.
 #[derive(Debug)]
@@ -104,6 +101,30 @@ impl SharedLease {
         }
         Ok(alive)
     }
+}
+
+/// Keeps `lease` alive every third of its TTL until the returned guard is dropped.
+pub(super) fn keep_alive_while_queued(
+    client: &Client,
+    lease: i64,
+    ttl: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let mut client = client.clone();
+    tokio::spawn(async move {
+        let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(ttl / 3).await;
+            if keeper.keep_alive().await.is_err() {
+                return;
+            }
+            match stream.message().await {
+                Ok(Some(resp)) if resp.ttl() > 0 => {}
+                _ => return,
+            }
+        }
+    })
 }
 
 /// One keep-alive of `lease`: whether the server still had it.

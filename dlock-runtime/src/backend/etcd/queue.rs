@@ -2,9 +2,9 @@
 //! go (or for a holder of this runtime ahead to hand the key over, `../successor.rs`), confirm
 //! that the key and lease are still there, leave (delete).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
-
-use std::sync::Arc;
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -12,36 +12,51 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use super::lease::{self, SharedLease};
-use super::{CONNECT_RETRIES, Contender, EtcdBackend, is_connect_error, ttl_seconds};
-use crate::LockError;
+use super::client::{CONNECT_RETRIES, Etcd, is_connect_error, ttl_seconds};
+use super::lease::{self, SharedLease, SharedLeases};
 use crate::backend::io_thread::AbortOnDrop;
-use crate::backend::mode::Mode;
+use crate::backend::successor::Successors;
 use crate::backend::{Attempt, Queued, Queueing};
+use crate::error::LockError;
 
-impl EtcdBackend {
-    /// Keeps `lease` alive every third of its TTL until the returned guard is dropped.
-    pub(super) fn keep_alive_while_queued(
-        &self,
-        lease: i64,
-        ttl: Duration,
-    ) -> tokio::task::JoinHandle<()> {
-        let mut client = self.client.clone();
-        tokio::spawn(async move {
-            let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await else {
-                return;
-            };
-            loop {
-                tokio::time::sleep(ttl / 3).await;
-                if keeper.keep_alive().await.is_err() {
-                    return;
-                }
-                match stream.message().await {
-                    Ok(Some(resp)) if resp.ttl() > 0 => {}
-                    _ => return,
-                }
-            }
-        })
+/// One contender: its lease and its key.
+#[derive(Debug, Clone)]
+pub(super) struct Contender {
+    pub(super) lease: i64,
+    pub(super) key: String,
+    /// The runtime's shared lease it is attached to; `None`: a lease of its own (hard cap).
+    pub(super) shared: Option<Arc<SharedLease>>,
+    /// An exclusive contender that acquired (its key heads the queue) and has not yet handed
+    /// its key to the waiter of this runtime behind it (see [`Successors`]).
+    pub(super) holding: bool,
+}
+
+/// The queues of this runtime's contenders, on `etcd`.
+pub(super) struct Queue {
+    pub(super) etcd: Arc<Etcd>,
+    /// Owner token -> its contender (the runtime chooses owners before any request).
+    contenders: Arc<Mutex<HashMap<String, Contender>>>,
+    /// The leases renewed locks share, by TTL.
+    leases: SharedLeases,
+    /// This runtime's waiters by the key they watch, for hand-overs within the process.
+    successors: Successors,
+}
+
+impl Queue {
+    pub(super) fn new(etcd: Arc<Etcd>) -> Self {
+        Self {
+            etcd,
+            contenders: Arc::default(),
+            leases: SharedLeases::default(),
+            successors: Successors::default(),
+        }
+    }
+
+    pub(super) fn contenders(&self) -> MutexGuard<'_, HashMap<String, Contender>> {
+        // Map operations cannot be interrupted half-way: a poisoned lock is consistent.
+        self.contenders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The lease a new contender's key is attached to: the runtime's shared lease for a
@@ -54,12 +69,16 @@ impl EtcdBackend {
     ) -> Result<(i64, Option<Arc<SharedLease>>, Option<Instant>), LockError> {
         let ttl = ttl_seconds(ask.lease);
         if ask.renew {
-            let shared = self.leases.get(&self.client, ttl, self.timeout).await;
+            let shared = self
+                .leases
+                .get(&self.etcd.client, ttl, self.etcd.timeout)
+                .await;
             let shared = shared.map_err(|e| e.for_key(key))?;
             return Ok((shared.id, Some(shared), None));
         }
         let sent_at = Instant::now();
         let granted = self
+            .etcd
             .bounded(Some(key), "lease grant failed", |mut c| async move {
                 c.lease_grant(ttl, None).await
             })
@@ -69,7 +88,7 @@ impl EtcdBackend {
 
     /// Joins the queue of `key` in one transaction: puts the contender's key unless it exists
     /// (a retried request of the same owner) or the owner's tombstone does (a release already
-    /// undid this request: see [`EtcdBackend::bury`]), and reads the head of the queue.
+    /// undid this request: see [`Etcd::bury`]), and reads the head of the queue.
     /// Returns the contender's create revision (0: no key, buried) and whether it heads the
     /// queue.
     pub(super) async fn join(
@@ -83,8 +102,8 @@ impl EtcdBackend {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let prefix = self.queue_prefix(key);
-        let tombstone = self.tombstone_key(owner);
+        let prefix = self.etcd.queue_prefix(key);
+        let tombstone = self.etcd.tombstone_key(owner);
         let txn = Txn::new()
             .when([
                 Compare::create_revision(contender_key, CompareOp::Equal, 0),
@@ -102,7 +121,7 @@ impl EtcdBackend {
                 TxnOp::get(contender_key, None),
                 TxnOp::get(prefix.as_str(), Some(head)),
             ]);
-        let mut client = self.client.clone();
+        let mut client = self.etcd.client.clone();
         let joined = client.txn(txn).await?;
         let ops = joined.op_responses();
         let revision = if joined.succeeded() {
@@ -125,17 +144,14 @@ impl EtcdBackend {
         Ok((revision, first))
     }
 
-    /// Waits in the queue of `key` until first in line (`Acquired`) or the deadline (`Busy`).
-    pub(super) async fn queue(
+    /// Waits in the queue of `key` until first in line (`Acquired`) or the deadline (`Busy`),
+    /// an exclusive contender.
+    pub(super) async fn exclusive(
         &self,
         key: &str,
         owner: &str,
         ask: Queueing,
     ) -> Result<Queued, LockError> {
-        let mode = Mode::of(owner);
-        if mode.is_shared() {
-            return self.queue_shared(key, owner, ask, mode).await;
-        }
         let queued = self.queue_exclusive(key, owner, ask).await?;
         if matches!(queued.attempt, Attempt::Acquired { .. })
             && let Some(contender) = self.contenders().get_mut(owner)
@@ -159,7 +175,7 @@ impl EtcdBackend {
         }
     }
 
-    /// [`queue`](Self::queue) for an exclusive lock.
+    /// The queueing of [`exclusive`](Self::exclusive): join, wait, confirm.
     async fn queue_exclusive(
         &self,
         key: &str,
@@ -167,7 +183,7 @@ impl EtcdBackend {
         ask: Queueing,
     ) -> Result<Queued, LockError> {
         let deadline = ask.deadline;
-        let contender_key = self.contender_key(key, owner);
+        let contender_key = self.etcd.contender_key(key, owner);
         let mut retried = false;
         let (lease_id, shared, granted_at, my_revision, first) = loop {
             let (lease_id, shared, granted_at) = self.contender_lease(key, ask).await?;
@@ -184,6 +200,7 @@ impl EtcdBackend {
             );
             let contender = contender_key.as_str();
             match self
+                .etcd
                 .bounded(Some(key), "queueing failed", |_| async move {
                     self.join(key, contender, owner, lease_id).await
                 })
@@ -241,7 +258,10 @@ impl EtcdBackend {
                 .with_max_create_revision(my_revision - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(2);
-            let before = self.read_queue(key, "queue lookup failed", options).await?;
+            let before = self
+                .etcd
+                .read_queue(key, "queue lookup failed", options)
+                .await?;
             // The predecessor heads the queue: once it is deleted nobody is ahead (keys created
             // later have higher revisions).
             let behind_the_head = before.kvs().len() == 1;
@@ -267,7 +287,11 @@ impl EtcdBackend {
             waited = true;
             if keeper.is_none() && shared.is_none() {
                 let ttl = Duration::from_secs(u64::try_from(ttl_seconds(ask.lease)).unwrap_or(1));
-                keeper = Some(AbortOnDrop(self.keep_alive_while_queued(lease_id, ttl)));
+                keeper = Some(AbortOnDrop(lease::keep_alive_while_queued(
+                    &self.etcd.client,
+                    lease_id,
+                    ttl,
+                )));
             }
             // Known to the holders of this runtime from now until this iteration ends: the
             // predecessor's release, if it is ours, hands the key over (see `Successors`).
@@ -276,6 +300,7 @@ impl EtcdBackend {
             // `true` when the predecessor was deleted; `false` when the watch ended otherwise.
             let deleted = async {
                 let mut watch = self
+                    .etcd
                     .bounded(Some(key), "watch failed", |mut c| async move {
                         c.watch(
                             predecessor_key.clone(),
@@ -351,6 +376,7 @@ impl EtcdBackend {
         let sent_at = Instant::now();
         if let Some(acquired) = acquired_under_fresh(shared, sent_at, revision) {
             let mine = self
+                .etcd
                 .bounded(Some(key), "confirmation failed", |mut c| async move {
                     c.get(contender_key, Some(GetOptions::new().with_count_only()))
                         .await
@@ -367,13 +393,14 @@ impl EtcdBackend {
         }
         // Both at once: one round trip.
         let (mine, alive) = tokio::join!(
-            self.bounded(Some(key), "confirmation failed", |mut c| async move {
-                c.get(contender_key, None).await
-            }),
+            self.etcd
+                .bounded(Some(key), "confirmation failed", |mut c| async move {
+                    c.get(contender_key, None).await
+                }),
             async {
                 match shared {
-                    Some(shared) => shared.refresh(&self.client, self.timeout).await,
-                    None => lease::keep_alive(&self.client, lease, self.timeout).await,
+                    Some(shared) => shared.refresh(&self.etcd.client, self.etcd.timeout).await,
+                    None => lease::keep_alive(&self.etcd.client, lease, self.etcd.timeout).await,
                 }
             }
         );
@@ -393,7 +420,7 @@ impl EtcdBackend {
         })
     }
 
-    /// Revokes `lease`, sending again what was refused at connect (see [`Self::bounded`]).
+    /// Revokes `lease`, sending again what was refused at connect (see [`Etcd::bounded`]).
     pub(super) async fn revoke(
         &self,
         lease: i64,
@@ -401,10 +428,10 @@ impl EtcdBackend {
         Result<etcd_client::LeaseRevokeResponse, etcd_client::Error>,
         tokio::time::error::Elapsed,
     > {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.etcd.timeout;
         let mut retries = 0;
         loop {
-            let mut client = self.client.clone();
+            let mut client = self.etcd.client.clone();
             match tokio::time::timeout_at(deadline, client.lease_revoke(lease)).await {
                 Ok(Err(e)) if retries < CONNECT_RETRIES && is_connect_error(&e) => {
                     retries += 1;
@@ -427,13 +454,14 @@ impl EtcdBackend {
         }
         let ours = contender.key.as_str();
         if self
+            .etcd
             .bounded(None, "leaving the queue failed", |mut c| async move {
                 c.delete(ours, None).await
             })
             .await
             .is_err()
         {
-            self.remove_later(contender.key);
+            self.etcd.remove_later(contender.key);
         }
         true
     }

@@ -10,139 +10,144 @@ use std::time::Duration;
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
 use tokio::time::Instant;
 
-use super::{Contender, EtcdBackend, ttl_seconds};
-use crate::LockError;
+use super::client::ttl_seconds;
+use super::lease;
+use super::queue::{Contender, Queue};
 use crate::backend::io_thread::AbortOnDrop;
-use crate::backend::mode::{Mode, permits_mismatch};
+use crate::backend::mode::{Mode, Position, shared_holds};
 use crate::backend::{Attempt, Queued, Queueing};
+use crate::error::LockError;
 
-impl EtcdBackend {
-    /// Queues a reader or a permit in `key` until it holds (`Acquired`) or the deadline
-    /// (`Busy`, having left).
-    pub(super) async fn queue_shared(
-        &self,
-        key: &str,
-        owner: &str,
-        ask: Queueing,
-        mode: Mode,
-    ) -> Result<Queued, LockError> {
-        let contender_key = self.contender_key(key, owner);
-        let (lease_id, shared, granted_at) = self.contender_lease(key, ask).await?;
-        self.contenders().insert(
-            owner.to_owned(),
-            Contender {
-                lease: lease_id,
-                key: contender_key.clone(),
-                shared: shared.clone(),
-                holding: false,
-            },
-        );
-        let contender = contender_key.as_str();
-        let (my_revision, _) = self
-            .bounded(Some(key), "queueing failed", |_| async move {
-                self.join(key, contender, owner, lease_id).await
-            })
+/// Queues a reader or a permit in `key` until it holds (`Acquired`) or the deadline
+/// (`Busy`, having left).
+pub(super) async fn queue(
+    queue: &Queue,
+    key: &str,
+    owner: &str,
+    ask: Queueing,
+    mode: Mode,
+) -> Result<Queued, LockError> {
+    let contender_key = queue.etcd.contender_key(key, owner);
+    let (lease_id, shared, granted_at) = queue.contender_lease(key, ask).await?;
+    queue.contenders().insert(
+        owner.to_owned(),
+        Contender {
+            lease: lease_id,
+            key: contender_key.clone(),
+            shared: shared.clone(),
+            holding: false,
+        },
+    );
+    let contender = contender_key.as_str();
+    let (my_revision, _) = queue
+        .etcd
+        .bounded(Some(key), "queueing failed", |_| async move {
+            queue.join(key, contender, owner, lease_id).await
+        })
+        .await?;
+    if my_revision == 0 {
+        return Err(LockError::backend(
+            Some(key),
+            "acquisition already released (its owner token is buried)",
+            None,
+        ));
+    }
+    let fence = u64::try_from(my_revision).ok();
+    let mut keeper: Option<AbortOnDrop<()>> = None;
+    let mut waited = false;
+    loop {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let entries = queue
+            .etcd
+            .read_queue(key, "queue lookup failed", options)
             .await?;
-        if my_revision == 0 {
-            return Err(LockError::backend(
-                Some(key),
-                "acquisition already released (its owner token is buried)",
-                None,
-            ));
-        }
-        let fence = u64::try_from(my_revision).ok();
-        let mut keeper: Option<AbortOnDrop<()>> = None;
-        let mut waited = false;
-        loop {
-            let options = GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend);
-            let queue = self.read_queue(key, "queue lookup failed", options).await?;
-            let mut earlier = 0usize;
-            let mut writer_ahead = false;
-            let mut present = false;
-            for kv in queue.kvs() {
-                let other = Mode::of(kv.value_str().unwrap_or_default());
-                if let (Mode::Permits(asked), Mode::Permits(held)) = (mode, other)
-                    && asked != held
-                {
-                    self.leave(owner).await;
-                    return Err(permits_mismatch(key, asked, held));
-                }
-                if kv.key() == contender.as_bytes() {
-                    present = true;
-                } else if kv.create_revision() < my_revision {
-                    earlier += 1;
-                    writer_ahead |= other == Mode::Exclusive;
-                }
+        let positions = entries.kvs().iter().map(|kv| {
+            let other = Mode::of(kv.value_str().unwrap_or_default());
+            let position = if kv.key() == contender.as_bytes() {
+                Position::Mine
+            } else if kv.create_revision() < my_revision {
+                Position::Ahead
+            } else {
+                Position::Behind
+            };
+            (other, position)
+        });
+        let holds = match shared_holds(key, mode, positions) {
+            Err(refused) => {
+                queue.leave(owner).await;
+                return Err(refused);
             }
-            if !present {
+            Ok(None) => {
                 return Err(LockError::backend(
                     Some(key),
                     "the key was deleted while queued",
                     None,
                 ));
             }
-            let holds = match mode {
-                Mode::Permits(n) => earlier < n as usize,
-                _ => !writer_ahead,
-            };
-            if holds {
-                if !waited {
-                    let confirmed = match &shared {
-                        Some(shared) => Some(shared.confirmed()),
-                        None => granted_at,
-                    };
-                    return Ok(Queued {
-                        attempt: Attempt::Acquired { fence },
-                        confirmed,
-                    });
-                }
-                return self
-                    .confirm_first(key, contender, lease_id, &shared, my_revision)
-                    .await;
+            Ok(Some(holds)) => holds,
+        };
+        if holds {
+            if !waited {
+                let confirmed = match &shared {
+                    Some(shared) => Some(shared.confirmed()),
+                    None => granted_at,
+                };
+                return Ok(Queued {
+                    attempt: Attempt::Acquired { fence },
+                    confirmed,
+                });
             }
-            if Instant::now() >= ask.deadline {
-                self.leave(owner).await;
-                return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
-            }
-            waited = true;
-            if keeper.is_none() && shared.is_none() {
-                let ttl = Duration::from_secs(u64::try_from(ttl_seconds(ask.lease)).unwrap_or(1));
-                keeper = Some(AbortOnDrop(self.keep_alive_while_queued(lease_id, ttl)));
-            }
-            // Any key of the queue deleted may let this one hold: look again then.
-            let from = queue.header().map_or(0, |h| h.revision()) + 1;
-            let prefix = self.queue_prefix(key);
-            let prefix = prefix.as_str();
-            let mut watch = self
-                .bounded(Some(key), "watch failed", |mut c| async move {
-                    c.watch(
-                        prefix,
-                        Some(WatchOptions::new().with_prefix().with_start_revision(from)),
-                    )
-                    .await
-                })
-                .await?;
-            let deleted = async {
-                while let Ok(Some(resp)) = watch.message().await {
-                    if resp.canceled()
-                        || resp
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
-                    {
-                        return;
-                    }
-                }
-            };
-            if tokio::time::timeout_at(ask.deadline, deleted)
+            return queue
+                .confirm_first(key, contender, lease_id, &shared, my_revision)
+                .await;
+        }
+        if Instant::now() >= ask.deadline {
+            queue.leave(owner).await;
+            return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
+        }
+        waited = true;
+        if keeper.is_none() && shared.is_none() {
+            let ttl = Duration::from_secs(u64::try_from(ttl_seconds(ask.lease)).unwrap_or(1));
+            keeper = Some(AbortOnDrop(lease::keep_alive_while_queued(
+                &queue.etcd.client,
+                lease_id,
+                ttl,
+            )));
+        }
+        // Any key of the queue deleted may let this one hold: look again then.
+        let from = entries.header().map_or(0, |h| h.revision()) + 1;
+        let prefix = queue.etcd.queue_prefix(key);
+        let prefix = prefix.as_str();
+        let mut watch = queue
+            .etcd
+            .bounded(Some(key), "watch failed", |mut c| async move {
+                c.watch(
+                    prefix,
+                    Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+                )
                 .await
-                .is_err()
-            {
-                self.leave(owner).await;
-                return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
+            })
+            .await?;
+        let deleted = async {
+            while let Ok(Some(resp)) = watch.message().await {
+                if resp.canceled()
+                    || resp
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return;
+                }
             }
+        };
+        if tokio::time::timeout_at(ask.deadline, deleted)
+            .await
+            .is_err()
+        {
+            queue.leave(owner).await;
+            return Ok(Queued::kept_alive(Attempt::Busy { ttl: None }));
         }
     }
 }

@@ -2,50 +2,43 @@
 
 use tokio::time::Instant;
 
-use super::shared::Group;
-use super::{Entry, MemoryBackend};
-use crate::LockInfo;
+use super::state::{Entry, Group, State};
 use crate::backend::mode::Mode;
+use crate::inspect::LockInfo;
 
-impl MemoryBackend {
-    /// The live entry of `key`, if any.
-    pub(super) fn inspect_now(&self, key: &str) -> Option<LockInfo> {
-        let now = Instant::now();
-        let mut state = self.state();
-        if let Some(entry) = Self::live(&mut state, key, now) {
-            return Some(info(key, entry, now));
-        }
-        for mode in [Mode::Read, Mode::Permits(0)] {
-            if let Some(group) = state.group(key, mode, now) {
-                return shared_info(key, group, mode, now);
-            }
-        }
-        None
+/// The live entry of `key`, if any.
+pub(super) fn inspect(state: &mut State, key: &str, now: Instant) -> Option<LockInfo> {
+    if let Some(entry) = state.live(key, now) {
+        return Some(info(key, entry, now));
     }
+    for mode in [Mode::Read, Mode::Permits(0)] {
+        if let Some(group) = state.group(key, mode, now) {
+            return shared_info(key, group, mode, now);
+        }
+    }
+    None
+}
 
-    /// The live entries whose keys start with `prefix`, sorted by key.
-    pub(super) fn list_now(&self, prefix: &str) -> Vec<LockInfo> {
-        let now = Instant::now();
-        let state = self.state();
-        let mut found: Vec<LockInfo> = state
-            .locks
-            .iter()
-            .filter(|(key, entry)| key.starts_with(prefix) && entry.expires > now)
-            .map(|(key, entry)| info(key, entry, now))
-            .collect();
-        for (mode, map) in [
-            (Mode::Read, &state.readers),
-            (Mode::Permits(0), &state.permits),
-        ] {
-            found.extend(
-                map.iter()
-                    .filter(|(key, _)| key.starts_with(prefix))
-                    .filter_map(|(key, group)| shared_info(key, group, mode, now)),
-            );
-        }
-        found.sort_by(|a, b| a.key.cmp(&b.key));
-        found
+/// The live entries whose keys start with `prefix`, sorted by key.
+pub(super) fn list(state: &State, prefix: &str, now: Instant) -> Vec<LockInfo> {
+    let mut found: Vec<LockInfo> = state
+        .locks
+        .iter()
+        .filter(|(key, entry)| key.starts_with(prefix) && entry.expires > now)
+        .map(|(key, entry)| info(key, entry, now))
+        .collect();
+    for (mode, map) in [
+        (Mode::Read, &state.readers),
+        (Mode::Permits(0), &state.permits),
+    ] {
+        found.extend(
+            map.iter()
+                .filter(|(key, _)| key.starts_with(prefix))
+                .filter_map(|(key, group)| shared_info(key, group, mode, now)),
+        );
     }
+    found.sort_by(|a, b| a.key.cmp(&b.key));
+    found
 }
 
 fn info(key: &str, entry: &Entry, now: Instant) -> LockInfo {
@@ -78,6 +71,7 @@ fn shared_info(key: &str, group: &Group, mode: Mode, now: Instant) -> Option<Loc
 mod tests {
     use std::time::Duration;
 
+    use super::super::MemoryBackend;
     use super::*;
 
     const OWNER: &str = "0123456789abcdef0123456789abcdef";
@@ -89,18 +83,21 @@ mod tests {
         m.acquire_now("a:1", OWNER, Duration::from_secs(10));
         m.acquire_now("b:1", OWNER, Duration::from_secs(2));
         tokio::time::advance(Duration::from_secs(1)).await;
-        let info = m.inspect_now("a:1").expect("held");
+        let info = inspect(&mut m.state(), "a:1", Instant::now()).expect("held");
         assert_eq!(info.holds, 2);
         assert_eq!(info.ttl, Duration::from_secs(9));
         assert_eq!(info.fence, Some(1));
         assert_eq!(info.owner, "01234567…");
-        let keys: Vec<String> = m.list_now("").into_iter().map(|i| i.key).collect();
+        let keys: Vec<String> = list(&m.state(), "", Instant::now())
+            .into_iter()
+            .map(|i| i.key)
+            .collect();
         assert_eq!(keys, ["a:1", "b:1"]);
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(
-            m.inspect_now("b:1").is_none(),
+            inspect(&mut m.state(), "b:1", Instant::now()).is_none(),
             "an expired entry is not a holder"
         );
-        assert_eq!(m.list_now("b:").len(), 0);
+        assert_eq!(list(&m.state(), "b:", Instant::now()).len(), 0);
     }
 }

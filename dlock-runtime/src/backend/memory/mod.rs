@@ -6,44 +6,25 @@
 
 mod inspect;
 mod shared;
+mod state;
 
-use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use self::state::{Entry, State};
 use super::mode::Mode;
 use super::url::EngineUrl;
 use super::{
     Attempt, Backend, Capabilities, Connecting, Context, DynBackend, EngineConfig, EngineResult,
     Released, Renewal,
 };
-use crate::{LockError, LockInfo};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 
 /// Expired entries are swept every this many fresh acquisitions.
 const SWEEP_EVERY: u64 = 1024;
-
-#[derive(Debug)]
-struct Entry {
-    owner: String,
-    count: u64,
-    fence: u64,
-    expires: Instant,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    locks: HashMap<String, Entry>,
-    /// One counter for every key: strictly increasing per key, and no per-key state to leak.
-    fence: u64,
-    /// Read locks by key (see `shared.rs`).
-    readers: HashMap<String, shared::Group>,
-    /// Semaphores by key.
-    permits: HashMap<String, shared::Group>,
-    /// The writer waiting for each key's readers, and until when its mark holds.
-    writer_waiting: HashMap<String, (String, Instant)>,
-}
 
 #[derive(Debug, Default)]
 pub(crate) struct MemoryBackend {
@@ -61,14 +42,6 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The live entry for `key`, dropping it when its lease has run out.
-    fn live<'s>(state: &'s mut State, key: &str, now: Instant) -> Option<&'s mut Entry> {
-        if state.locks.get(key).is_some_and(|e| e.expires <= now) {
-            state.locks.remove(key);
-        }
-        state.locks.get_mut(key)
-    }
-
     fn acquire_now(&self, key: &str, owner: &str, lease: Duration) -> Attempt {
         self.acquire_exclusive(key, owner, lease, false)
     }
@@ -78,12 +51,12 @@ impl MemoryBackend {
     fn acquire_exclusive(&self, key: &str, owner: &str, lease: Duration, waiting: bool) -> Attempt {
         let now = Instant::now();
         let mut state = self.state();
-        let ours = Self::live(&mut state, key, now).is_some_and(|e| e.owner == owner);
+        let ours = state.live(key, now).is_some_and(|e| e.owner == owner);
         if !ours && let Some(ttl) = state.readers_block(key, owner, waiting, now) {
             return Attempt::Busy { ttl: Some(ttl) };
         }
         state.clear_writer_waiting(key, Some(owner));
-        if let Some(entry) = Self::live(&mut state, key, now) {
+        if let Some(entry) = state.live(key, now) {
             if entry.owner == owner {
                 entry.count += 1;
                 entry.expires = now + lease;
@@ -115,13 +88,14 @@ impl MemoryBackend {
     fn release_now(&self, key: &str, owner: &str) -> Released {
         let mode = Mode::of(owner);
         if mode.is_shared() {
-            return self.release_shared(key, owner, mode);
+            let now = Instant::now();
+            return shared::release(&mut self.state(), key, owner, mode, now);
         }
         let now = Instant::now();
         let mut state = self.state();
         // A writer that stops waiting (cancelled, timed out) lets readers in again.
         state.clear_writer_waiting(key, Some(owner));
-        match Self::live(&mut state, key, now) {
+        match state.live(key, now) {
             Some(entry) if entry.owner == owner => {
                 entry.count -= 1;
                 if entry.count > 0 {
@@ -137,7 +111,7 @@ impl MemoryBackend {
     fn release_after_now(&self, key: &str, owner: &str, hold: Duration) -> Released {
         let now = Instant::now();
         let mut state = self.state();
-        match Self::live(&mut state, key, now) {
+        match state.live(key, now) {
             Some(entry) if entry.owner == owner => {
                 entry.count = 1;
                 entry.expires = now + hold;
@@ -152,9 +126,9 @@ impl MemoryBackend {
         let mut state = self.state();
         batch
             .iter()
-            .map(|r| match Self::live(&mut state, &r.key, now) {
+            .map(|r| match state.live(&r.key, now) {
                 _ if Mode::of(&r.owner).is_shared() => {
-                    Self::renew_shared(&mut state, &r.key, &r.owner, r.lease, now)
+                    shared::renew(&mut state, &r.key, &r.owner, r.lease, now)
                 }
                 Some(entry) if entry.owner == r.owner => {
                     entry.expires = now + r.lease;
@@ -170,7 +144,10 @@ impl Backend for MemoryBackend {
     async fn try_acquire(&self, key: &str, owner: &str, lease: Duration) -> EngineResult<Attempt> {
         match Mode::of(owner) {
             Mode::Exclusive => Ok(self.acquire_now(key, owner, lease)),
-            mode => self.acquire_shared(key, owner, lease, mode),
+            mode => {
+                let now = Instant::now();
+                shared::acquire(&mut self.state(), key, owner, lease, mode, now)
+            }
         }
     }
 
@@ -182,7 +159,10 @@ impl Backend for MemoryBackend {
     ) -> EngineResult<Attempt> {
         match Mode::of(owner) {
             Mode::Exclusive => Ok(self.acquire_exclusive(key, owner, lease, true)),
-            mode => self.acquire_shared(key, owner, lease, mode),
+            mode => {
+                let now = Instant::now();
+                shared::acquire(&mut self.state(), key, owner, lease, mode, now)
+            }
         }
     }
 
@@ -206,7 +186,7 @@ impl Backend for MemoryBackend {
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let existed = Self::live(&mut state, key, now).is_some()
+        let existed = state.live(key, now).is_some()
             || state.group(key, Mode::Read, now).is_some()
             || state.group(key, Mode::Permits(0), now).is_some();
         state.locks.remove(key);
@@ -219,17 +199,19 @@ impl Backend for MemoryBackend {
     async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        Ok(Self::live(&mut state, key, now).is_some()
+        Ok(state.live(key, now).is_some()
             || state.group(key, Mode::Read, now).is_some()
             || state.group(key, Mode::Permits(0), now).is_some())
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        Ok(self.inspect_now(key))
+        let now = Instant::now();
+        Ok(inspect::inspect(&mut self.state(), key, now))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
-        Ok(self.list_now(prefix))
+        let now = Instant::now();
+        Ok(inspect::list(&self.state(), prefix, now))
     }
 
     // No `watch`: every holder is in this process, and the runtime wakes waiters on release
@@ -275,92 +257,4 @@ impl EngineConfig for MemoryConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const LEASE: Duration = Duration::from_secs(10);
-
-    #[tokio::test(start_paused = true)]
-    async fn lease_expires_on_the_tokio_clock() {
-        let m = MemoryBackend::new();
-        assert!(matches!(
-            m.acquire_now("k", "a", LEASE),
-            Attempt::Acquired { .. }
-        ));
-        tokio::time::advance(Duration::from_secs(4)).await;
-        assert_eq!(
-            m.acquire_now("k", "b", LEASE),
-            Attempt::Busy {
-                ttl: Some(Duration::from_secs(6))
-            }
-        );
-        tokio::time::advance(Duration::from_secs(6)).await;
-        assert!(matches!(
-            m.acquire_now("k", "b", LEASE),
-            Attempt::Acquired { .. }
-        ));
-        assert_eq!(m.release_now("k", "a"), Released::NotOwner);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn reentry_counts_holds_and_keeps_the_fence() {
-        let m = MemoryBackend::new();
-        let Attempt::Acquired { fence: f1 } = m.acquire_now("k", "a", LEASE) else {
-            panic!("first acquire must succeed");
-        };
-        assert_eq!(
-            m.acquire_now("k", "a", LEASE),
-            Attempt::Acquired { fence: f1 }
-        );
-        assert_eq!(m.release_now("k", "a"), Released::StillHeld);
-        assert_eq!(m.release_now("k", "a"), Released::Freed);
-        let Attempt::Acquired { fence: f2 } = m.acquire_now("k", "b", LEASE) else {
-            panic!("free key must be acquired");
-        };
-        assert!(f2 > f1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_kept_key_expires_when_its_hold_ends() {
-        let m = MemoryBackend::new();
-        m.acquire_now("k", "a", LEASE);
-        let hold = Duration::from_secs(3);
-        assert_eq!(m.release_after_now("k", "z", hold), Released::NotOwner);
-        assert_eq!(m.release_after_now("k", "a", hold), Released::Kept);
-        tokio::time::advance(Duration::from_millis(2999)).await;
-        assert!(matches!(
-            m.acquire_now("k", "b", LEASE),
-            Attempt::Busy { .. }
-        ));
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(matches!(
-            m.acquire_now("k", "b", LEASE),
-            Attempt::Acquired { .. }
-        ));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn renew_is_owner_checked() {
-        let m = MemoryBackend::new();
-        m.acquire_now("k", "a", LEASE);
-        let batch = [
-            Renewal {
-                key: "k".into(),
-                owner: "a".into(),
-                lease: LEASE,
-            },
-            Renewal {
-                key: "k".into(),
-                owner: "z".into(),
-                lease: LEASE,
-            },
-        ];
-        tokio::time::advance(Duration::from_secs(9)).await;
-        assert_eq!(m.renew_now(&batch), vec![true, false]);
-        tokio::time::advance(Duration::from_secs(9)).await;
-        assert!(matches!(
-            m.acquire_now("k", "b", LEASE),
-            Attempt::Busy { .. }
-        ));
-    }
-}
+mod tests;

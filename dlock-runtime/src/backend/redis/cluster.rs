@@ -1,11 +1,9 @@
 //! Redis Cluster: a connection that can be rebuilt, and the sharded subscriptions to restore.
 //!
-//! The cluster client follows MOVED/ASK and refreshes its slot map after connection errors,
-//! but not after timeouts: a master that froze (rather than died) and was failed over would
-//! keep its slots' calls timing out. Any timeout therefore asks the maintenance task to
-//! rebuild the connection from the seeds (a fresh slot map); a disconnect or a rebuild makes it
-//! re-issue `SSUBSCRIBE` for every watched channel until all are confirmed, then wake every
-//! waiter.
+//! Invariant: any timeout asks the maintenance task to rebuild the connection from the seeds (a
+//! fresh slot map: the client refreshes it after connection errors only); a disconnect or a
+//! rebuild re-issues `SSUBSCRIBE` for every watched channel until all are confirmed, then
+//! wakes every waiter.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,11 +16,11 @@ use redis::{ConnectionInfo, ProtocolVersion};
 use tokio::sync::Notify;
 
 use super::config::{NodeSettings, TlsFiles, redact};
-use super::link::{Link, connect_within};
+use super::errors::connect_within;
 use super::names::Names;
 use super::push::push_handler;
-use crate::LockError;
 use crate::backend::{Context, Wakeups};
+use crate::error::LockError;
 
 /// Retries of one call inside the cluster client (redirects, reconnects, a node rejoining).
 const CLIENT_RETRIES: u32 = 4;
@@ -53,7 +51,7 @@ impl ClusterLink {
         seeds: &[String],
         names: &Names,
         ctx: &Context,
-    ) -> Result<Link, LockError> {
+    ) -> Result<Arc<Self>, LockError> {
         let repair = Arc::new(Notify::new());
         let on_push = push_handler(
             ctx.wakeups.clone(),
@@ -123,7 +121,7 @@ impl ClusterLink {
             repair,
             ctx.wakeups.clone(),
         ));
-        Ok(Link::Cluster(link))
+        Ok(link)
     }
 
     pub(super) fn conn(&self) -> ClusterConnection {

@@ -1,17 +1,10 @@
-//! Locks as an operator sees them (`inspect`, `list`): the lock strings and semaphores'
-//! permits under the prefix, found with `SCAN … MATCH` (never `KEYS`; on Cluster on every
-//! master), read with `lua/inspect.lua` (value, `PTTL`, live readers and permit holders at one
-//! instant).
+//! Locks as an operator sees them (`inspect`, `list`): the lock strings and semaphores' permits
+//! under the prefix, found with `SCAN … MATCH` (on Cluster on every master), read with
+//! `lua/inspect.lua` at one instant.
 //!
-//! A holder is a value that is an owner token, `+` appended or not (see `names.rs`). A read
-//! lock (the readers' mark in the lock string, live readers in `:readers`) or a semaphore (live
-//! holders in `:permits`) shows the holder whose lease ends last as `owner`, its lease left as
-//! `ttl` (the key is taken until then), and `holds` counting every live holder. A
-//! reservation after a flagged release (`><runtime id>`, `~<runtime id>`) is nobody's hold, and a key of
-//! another type or with a value the runtime did not write is skipped, not an error. No fence is
-//! shown: the counter holds the last token of the latest reserved block, spent also by
-//! attempts that found the key busy, and the holder may be one the lock was handed to within
-//! its runtime, so the holder's own token cannot be told from it.
+//! A holder is a value that is an owner token (`+` appended or not); a read lock or a semaphore
+//! shows the holder whose lease ends last, `holds` counting every live holder. Reservations and
+//! foreign values are skipped. No fence is shown (the counter cannot tell the holder's own).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,12 +12,13 @@ use std::time::Duration;
 use redis::Value;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
-use super::RedisBackend;
-use super::hash_slot;
+use super::client::Client;
 use super::link::Link;
+use super::names::hash_slot;
 use crate::backend::mode::Mode;
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 use crate::inspect::is_owner_token;
-use crate::{LockError, LockInfo};
 
 /// Keys one `SCAN` call looks at (a hint to the server).
 const SCAN_COUNT: u32 = 1000;
@@ -103,172 +97,170 @@ fn holder(key: &str, value: &str, pttl: i64) -> Option<Holding> {
     })
 }
 
-impl RedisBackend {
-    /// The holder of `key` now, if any.
-    pub(crate) async fn holding(&self, key: &str) -> Result<Option<Holding>, LockError> {
-        Ok(self
-            .read_locks(Some(key), &[key.to_owned()])
-            .await?
-            .into_iter()
-            .next())
-    }
+/// The holder of `key` now, if any.
+pub(super) async fn holding(client: &Client, key: &str) -> Result<Option<Holding>, LockError> {
+    Ok(read_locks(client, Some(key), &[key.to_owned()])
+        .await?
+        .into_iter()
+        .next())
+}
 
-    /// Every lock held now whose key starts with `prefix` (any order).
-    pub(crate) async fn holdings(&self, prefix: &str) -> Result<Vec<Holding>, LockError> {
-        let pattern = self.names.lock_pattern(prefix);
-        let keys = match &self.link {
-            Link::Single(..) => self.scan(&pattern, None).await?,
-            Link::Cluster(_) => {
-                let mut keys = Vec::new();
-                for slot in self.master_slots().await? {
-                    keys.extend(self.scan(&pattern, Some(slot)).await?);
-                }
-                keys
+/// Every lock held now whose key starts with `prefix` (any order).
+pub(super) async fn holdings(client: &Client, prefix: &str) -> Result<Vec<Holding>, LockError> {
+    let pattern = client.names.lock_pattern(prefix);
+    let keys = match &client.link {
+        Link::Single(..) => scan(client, &pattern, None).await?,
+        Link::Cluster(_) => {
+            let mut keys = Vec::new();
+            for slot in master_slots(client).await? {
+                keys.extend(scan(client, &pattern, Some(slot)).await?);
+            }
+            keys
+        }
+    };
+    // A key with readers has both its lock string and `:readers`; one with permits only
+    // `:permits`: each key once.
+    let keys: std::collections::BTreeSet<String> =
+        keys.into_iter().filter(|k| k.starts_with(prefix)).collect();
+    let keys: Vec<String> = keys.into_iter().collect();
+    let mut found = Vec::with_capacity(keys.len());
+    match &client.link {
+        Link::Single(..) => {
+            for batch in keys.chunks(READ_BATCH) {
+                found.extend(read_locks(client, None, batch).await?);
+            }
+        }
+        Link::Cluster(_) => {
+            // One script's keys must share a hash slot.
+            let mut by_slot: BTreeMap<u16, Vec<String>> = BTreeMap::new();
+            for key in keys {
+                let slot = hash_slot(client.names.lock(&key).as_bytes());
+                by_slot.entry(slot).or_default().push(key);
+            }
+            for batch in by_slot.values() {
+                found.extend(read_locks(client, None, batch).await?);
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Reads the locks of `keys` (one hash slot on Cluster) with `lua/inspect.lua`.
+async fn read_locks(
+    client: &Client,
+    key: Option<&str>,
+    keys: &[String],
+) -> Result<Vec<Holding>, LockError> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<Row> = client
+        .run_script(&client.scripts.inspect, key, "inspection failed", |cmd| {
+            cmd.arg(keys.len() * 3);
+            for k in keys {
+                cmd.arg(client.names.lock(k))
+                    .arg(client.names.readers(k))
+                    .arg(client.names.permits(k));
+            }
+        })
+        .await?;
+    Ok(keys
+        .iter()
+        .zip(&rows)
+        .filter_map(|(k, row)| holder_of_row(k, row))
+        .collect())
+}
+
+/// The user keys of the lock names matching `pattern`, on this server or, on Cluster, on
+/// the master serving `slot`: `SCAN` until the cursor comes back to 0.
+async fn scan(client: &Client, pattern: &str, slot: Option<u16>) -> Result<Vec<String>, LockError> {
+    let mut keys = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT);
+        let (next, names): (u64, Vec<Vec<u8>>) = match (&client.link, slot) {
+            (Link::Cluster(link), Some(slot)) => {
+                let mut conn = link.conn();
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot, SlotAddr::Master),
+                ));
+                // A server error comes back as a value here: made an error again, so
+                // that an ACL refusal is explained like any other.
+                let reply: Value = client
+                    .call(None, "lock scan failed", async {
+                        conn.route_command(cmd, route).await?.extract_error()
+                    })
+                    .await?;
+                redis::from_redis_value(reply)
+                    .map_err(|e| LockError::backend(None, format!("lock scan failed: {e}"), None))?
+            }
+            _ => {
+                let mut conn = client.handle();
+                client
+                    .call(None, "lock scan failed", cmd.query_async(&mut conn))
+                    .await?
             }
         };
-        // A key with readers has both its lock string and `:readers`; one with permits only
-        // `:permits`: each key once.
-        let keys: std::collections::BTreeSet<String> =
-            keys.into_iter().filter(|k| k.starts_with(prefix)).collect();
-        let keys: Vec<String> = keys.into_iter().collect();
-        let mut found = Vec::with_capacity(keys.len());
-        match &self.link {
-            Link::Single(..) => {
-                for batch in keys.chunks(READ_BATCH) {
-                    found.extend(self.read_locks(None, batch).await?);
-                }
-            }
-            Link::Cluster(_) => {
-                // One script's keys must share a hash slot.
-                let mut by_slot: BTreeMap<u16, Vec<String>> = BTreeMap::new();
-                for key in keys {
-                    let slot = hash_slot(self.names.lock(&key).as_bytes());
-                    by_slot.entry(slot).or_default().push(key);
-                }
-                for batch in by_slot.values() {
-                    found.extend(self.read_locks(None, batch).await?);
-                }
-            }
+        keys.extend(
+            names
+                .iter()
+                .filter_map(|name| std::str::from_utf8(name).ok())
+                .filter_map(|name| {
+                    client
+                        .names
+                        .key_of_lock(name)
+                        .or_else(|| client.names.key_of_permits(name))
+                }),
+        );
+        if next == 0 {
+            return Ok(keys);
         }
-        Ok(found)
+        cursor = next;
     }
+}
 
-    /// Reads the locks of `keys` (one hash slot on Cluster) with `lua/inspect.lua`.
-    async fn read_locks(
-        &self,
-        key: Option<&str>,
-        keys: &[String],
-    ) -> Result<Vec<Holding>, LockError> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows: Vec<Row> = self
-            .run_script(&self.scripts.inspect, key, "inspection failed", |cmd| {
-                cmd.arg(keys.len() * 3);
-                for k in keys {
-                    cmd.arg(self.names.lock(k))
-                        .arg(self.names.readers(k))
-                        .arg(self.names.permits(k));
-                }
-            })
-            .await?;
-        Ok(keys
-            .iter()
-            .zip(&rows)
-            .filter_map(|(k, row)| holder_of_row(k, row))
-            .collect())
-    }
-
-    /// The user keys of the lock names matching `pattern`, on this server or, on Cluster, on
-    /// the master serving `slot`: `SCAN` until the cursor comes back to 0.
-    async fn scan(&self, pattern: &str, slot: Option<u16>) -> Result<Vec<String>, LockError> {
-        let mut keys = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT);
-            let (next, names): (u64, Vec<Vec<u8>>) = match (&self.link, slot) {
-                (Link::Cluster(link), Some(slot)) => {
-                    let mut conn = link.conn();
-                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                        Route::new(slot, SlotAddr::Master),
-                    ));
-                    // A server error comes back as a value here: made an error again, so
-                    // that an ACL refusal is explained like any other.
-                    let reply: Value = self
-                        .call(None, "lock scan failed", async {
-                            conn.route_command(cmd, route).await?.extract_error()
-                        })
-                        .await?;
-                    redis::from_redis_value(reply).map_err(|e| {
-                        LockError::backend(None, format!("lock scan failed: {e}"), None)
-                    })?
-                }
-                _ => {
-                    let mut conn = self.link.handle();
-                    self.call(None, "lock scan failed", cmd.query_async(&mut conn))
-                        .await?
-                }
-            };
-            keys.extend(
-                names
-                    .iter()
-                    .filter_map(|name| std::str::from_utf8(name).ok())
-                    .filter_map(|name| {
-                        self.names
-                            .key_of_lock(name)
-                            .or_else(|| self.names.key_of_permits(name))
-                    }),
-            );
-            if next == 0 {
-                return Ok(keys);
-            }
-            cursor = next;
-        }
-    }
-
-    /// One slot of each master of the cluster (`CLUSTER SLOTS`: the first slot of each range,
-    /// one range per master address).
-    async fn master_slots(&self) -> Result<Vec<u16>, LockError> {
-        let mut conn = self.link.handle();
-        let cmd = redis::cmd("CLUSTER").arg("SLOTS").clone();
-        let reply: Value = self
-            .call(
-                None,
-                "cluster topology query failed",
-                cmd.query_async(&mut conn),
-            )
-            .await?;
-        let Value::Array(ranges) = reply else {
-            return Err(LockError::backend(
-                None,
-                "cluster topology query failed: CLUSTER SLOTS answered no array",
-                None,
-            ));
+/// One slot of each master of the cluster (`CLUSTER SLOTS`: the first slot of each range,
+/// one range per master address).
+async fn master_slots(client: &Client) -> Result<Vec<u16>, LockError> {
+    let mut conn = client.handle();
+    let cmd = redis::cmd("CLUSTER").arg("SLOTS").clone();
+    let reply: Value = client
+        .call(
+            None,
+            "cluster topology query failed",
+            cmd.query_async(&mut conn),
+        )
+        .await?;
+    let Value::Array(ranges) = reply else {
+        return Err(LockError::backend(
+            None,
+            "cluster topology query failed: CLUSTER SLOTS answered no array",
+            None,
+        ));
+    };
+    let mut masters: BTreeMap<String, u16> = BTreeMap::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
         };
-        let mut masters: BTreeMap<String, u16> = BTreeMap::new();
-        for range in ranges {
-            let Value::Array(fields) = range else {
-                continue;
-            };
-            let start = match fields.first() {
-                Some(Value::Int(start)) => u16::try_from(*start).ok(),
-                _ => None,
-            };
-            let address = match fields.get(2) {
-                Some(Value::Array(node)) => address_of(node),
-                _ => None,
-            };
-            if let (Some(start), Some(address)) = (start, address) {
-                masters.entry(address).or_insert(start);
-            }
+        let start = match fields.first() {
+            Some(Value::Int(start)) => u16::try_from(*start).ok(),
+            _ => None,
+        };
+        let address = match fields.get(2) {
+            Some(Value::Array(node)) => address_of(node),
+            _ => None,
+        };
+        if let (Some(start), Some(address)) = (start, address) {
+            masters.entry(address).or_insert(start);
         }
-        Ok(masters.into_values().collect())
     }
+    Ok(masters.into_values().collect())
 }
 
 /// `host:port` of a node entry of `CLUSTER SLOTS` (`[host, port, id, …]`).

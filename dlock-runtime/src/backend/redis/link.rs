@@ -1,24 +1,21 @@
-//! The connection a backend holds, and how a call's outcome becomes a `LockError`.
+//! The connection a backend holds: one server (the client library's connection manager and the
+//! runtime's own command connection) or a cluster, and the request path through either.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisError, RedisResult, Value};
+use redis::{FromRedisValue, RedisResult, Value};
 
-use super::RedisBackend;
-use super::acl;
 use super::cluster::ClusterLink;
 use super::config::{NodeSettings, redact};
+use super::errors::{connect_within, redis_error};
 use super::names::Names;
 use super::push::push_handler;
-use super::script::Lua;
 use super::wire::{Caller, Packed, Wire};
-use crate::LockError;
 use crate::backend::Context;
+use crate::error::LockError;
 
 /// One server (reconnecting, resubscribing), its command connection of the runtime's own
 /// (plaintext TCP: see `wire.rs`), or a cluster (slot-routed, MOVED/ASK and failover handled
@@ -168,7 +165,7 @@ impl Link {
     }
 
     /// A call timed out: on Cluster the slot map may be stale (a frozen master failed over).
-    fn note_timeout(&self) {
+    pub(super) fn note_timeout(&self) {
         if let Self::Cluster(link) = self {
             link.note_timeout();
         }
@@ -190,146 +187,11 @@ fn open(
     let on_push = push_handler(ctx.wakeups.clone(), names.clone(), ctx.origin.clone(), None);
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(ctx.timeout))
-        // Each call is bounded by `timeout` in `RedisBackend::call` (one timer per call).
+        // Each call is bounded by `timeout` in `Client::call` (one timer per call).
         .set_response_timeout(None)
         .set_number_of_retries(RETRIES)
         .set_max_delay(MAX_DELAY)
         .set_push_sender(on_push)
         .set_automatic_resubscription();
     Ok((client, config))
-}
-
-pub(super) fn redis_error(key: Option<&str>, what: &str, err: RedisError) -> LockError {
-    LockError::backend(key, what, Some(Arc::new(err)))
-}
-
-/// An I/O "timed out" error as the source of a `Backend` error.
-fn timed_out(message: String) -> Arc<dyn std::error::Error + Send + Sync> {
-    Arc::new(std::io::Error::new(std::io::ErrorKind::TimedOut, message))
-}
-
-/// Awaits a connection attempt bounded by `timeout`; a failure is `Backend` saying `what`.
-/// Over plaintext (`redis://`), a server that accepted the connection and then dropped it or
-/// answered something that is not RESP is most likely a TLS port: the message says so.
-pub(super) async fn connect_within<T>(
-    timeout: Duration,
-    what: &str,
-    plaintext: bool,
-    connecting: impl std::future::Future<Output = Result<T, RedisError>>,
-) -> Result<T, LockError> {
-    match tokio::time::timeout(timeout, connecting).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) if plaintext && looks_like_tls(&e) => Err(redis_error(
-            None,
-            &format!(
-                "{what} (the server dropped a plaintext connection: if it expects TLS, use rediss://)"
-            ),
-            e,
-        )),
-        Ok(Err(e)) => Err(redis_error(None, what, e)),
-        Err(_) => Err(LockError::backend(
-            None,
-            what,
-            Some(timed_out(format!("no connection within {timeout:?}"))),
-        )),
-    }
-}
-
-/// A connection accepted and then dropped (reset, closed) or answered with bytes that are not
-/// RESP: what a TLS server does to a plaintext client.
-fn looks_like_tls(e: &RedisError) -> bool {
-    (e.is_connection_dropped() && !e.is_connection_refusal()) || e.kind() == redis::ErrorKind::Parse
-}
-
-impl RedisBackend {
-    /// Runs one call with the response bound, mapping errors to `Backend` naming the key.
-    pub(super) async fn call<T>(
-        &self,
-        key: Option<&str>,
-        what: &str,
-        fut: impl std::future::Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, LockError> {
-        let answer = self.bounded(std::pin::pin!(fut)).await;
-        self.settle(key, what, answer)
-    }
-
-    /// Awaits `request` for at most the response bound; `None` when it ran out. The request is
-    /// pinned where the caller made it: a request future is large (over a kilobyte on one
-    /// server), and each move into a wrapper such as `tokio::time::timeout` copies all of it.
-    pub(super) async fn bounded<F: std::future::Future>(
-        &self,
-        request: Pin<&mut F>,
-    ) -> Option<F::Output> {
-        if !self.bounds_requests {
-            // A Redlock node: the fan-out bounds the node's call.
-            return Some(request.await);
-        }
-        self.bounded_by(request, std::pin::pin!(tokio::time::sleep(self.timeout)))
-            .await
-    }
-
-    /// The response bound of a request sent at `sent_at` (a clock reading the caller has
-    /// anyway: the bound reads no clock of its own).
-    pub(super) fn bound_from(&self, sent_at: tokio::time::Instant) -> tokio::time::Sleep {
-        match sent_at.checked_add(self.timeout) {
-            Some(deadline) => tokio::time::sleep_until(deadline),
-            None => tokio::time::sleep(self.timeout),
-        }
-    }
-
-    /// [`bounded`](RedisBackend::bounded) by `bound` (see [`bound_from`](RedisBackend::bound_from)).
-    pub(super) async fn bounded_by<F: std::future::Future>(
-        &self,
-        mut request: Pin<&mut F>,
-        mut bound: Pin<&mut tokio::time::Sleep>,
-    ) -> Option<F::Output> {
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(answer) = request.as_mut().poll(cx) {
-                return Poll::Ready(Some(answer));
-            }
-            bound.as_mut().poll(cx).map(|()| None)
-        })
-        .await
-    }
-
-    /// Maps one bounded call's outcome: errors become `Backend` naming the key, and a timeout
-    /// (ours or the client's) is reported to the link (a stale cluster slot map).
-    pub(super) fn settle<T>(
-        &self,
-        key: Option<&str>,
-        what: &str,
-        answer: Option<Result<T, RedisError>>,
-    ) -> Result<T, LockError> {
-        self.settle_script(key, what, answer, None)
-    }
-
-    /// [`settle`](RedisBackend::settle) for a call that ran `script`: a refusal of the
-    /// server's ACL names the permission the user lacks (a command the script runs, the key or
-    /// channel pattern).
-    pub(super) fn settle_script<T>(
-        &self,
-        key: Option<&str>,
-        what: &str,
-        answer: Option<Result<T, RedisError>>,
-        script: Option<&Lua>,
-    ) -> Result<T, LockError> {
-        match answer {
-            Some(Ok(v)) => Ok(v),
-            Some(Err(e)) => {
-                if e.is_timeout() {
-                    self.link.note_timeout();
-                }
-                let publish = self.link.publish_command();
-                match acl::denial(&e.to_string(), script, &self.names, publish) {
-                    Some(denial) => Err(redis_error(key, &format!("{what}: {denial}"), e)),
-                    None => Err(redis_error(key, what, e)),
-                }
-            }
-            None => {
-                self.link.note_timeout();
-                let elapsed = timed_out(format!("no reply within {:?}", self.timeout));
-                Err(LockError::backend(key, what, Some(elapsed)))
-            }
-        }
-    }
 }

@@ -3,61 +3,62 @@
 
 use std::time::Duration;
 
+use super::client::Client;
 use super::link::Link;
-use super::script::{FENCE_FLOOR_MIN, millis_ceil};
-use super::{FENCE_BLOCK, FENCE_TTL, RedisBackend, hash_slot};
-use crate::LockError;
+use super::names::hash_slot;
+use super::script::{FENCE_BLOCK, FENCE_FLOOR_MIN, FENCE_TTL, millis_ceil};
 use crate::backend::{AttemptAll, EngineResult};
+use crate::error::LockError;
 
-impl RedisBackend {
-    /// Whether one script can take every key: one server always, a Cluster when the keys'
-    /// names share a hash slot; never on a Redlock node (no fence counters there).
-    pub(super) fn one_step(&self, keys: &[String]) -> bool {
-        if !self.fencing {
-            return false;
-        }
-        match self.link {
-            Link::Single(..) => true,
-            Link::Cluster(_) => {
-                let mut slots = keys
-                    .iter()
-                    .map(|key| hash_slot(self.names.lock(key).as_bytes()));
-                let first = slots.next();
-                slots.all(|slot| Some(slot) == first)
-            }
+/// Whether one script can take every key: one server always, a Cluster when the keys'
+/// names share a hash slot (a Redlock node, which keeps no fence counters, never asks).
+pub(super) fn one_step(client: &Client, keys: &[String]) -> bool {
+    match client.link {
+        Link::Single(..) => true,
+        Link::Cluster(_) => {
+            let mut slots = keys
+                .iter()
+                .map(|key| hash_slot(client.names.lock(key).as_bytes()));
+            let first = slots.next();
+            slots.all(|slot| Some(slot) == first)
         }
     }
+}
 
-    /// See [`crate::backend::Backend::try_acquire_all`].
-    pub(super) async fn acquire_all(
-        &self,
-        keys: &[String],
-        owner: &str,
-        lease: Duration,
-    ) -> EngineResult<AttemptAll> {
-        let first = keys.first().map(String::as_str);
-        let reply: Vec<i64> = self
-            .run_script(&self.scripts.acquire_all, first, "acquire failed", |cmd| {
+/// See [`crate::backend::Backend::try_acquire_all`].
+pub(super) async fn acquire_all(
+    client: &Client,
+    keys: &[String],
+    owner: &str,
+    lease: Duration,
+) -> EngineResult<AttemptAll> {
+    let first = keys.first().map(String::as_str);
+    let reply: Vec<i64> = client
+        .run_script(
+            &client.scripts.acquire_all,
+            first,
+            "acquire failed",
+            |cmd| {
                 cmd.arg(2 * keys.len());
                 for key in keys {
-                    cmd.arg(self.names.lock(key)).arg(self.names.fence(key));
+                    cmd.arg(client.names.lock(key)).arg(client.names.fence(key));
                 }
                 cmd.arg(owner)
                     .arg(millis_ceil(lease))
                     .arg(millis_ceil(lease.saturating_add(FENCE_TTL)))
                     .arg(FENCE_FLOOR_MIN)
                     .arg(FENCE_BLOCK)
-                    .arg(&self.origin);
-            })
-            .await?;
-        decode_all(&reply, keys.len(), FENCE_BLOCK).ok_or_else(|| {
-            LockError::backend(
-                first,
-                "acquire failed: malformed answer of the script",
-                None,
-            )
-        })
-    }
+                    .arg(&client.origin);
+            },
+        )
+        .await?;
+    decode_all(&reply, keys.len(), FENCE_BLOCK).ok_or_else(|| {
+        LockError::backend(
+            first,
+            "acquire failed: malformed answer of the script",
+            None,
+        )
+    })
 }
 
 /// The script's answer (see `lua/acquire_all.lua`) for `n` keys; `None` when malformed.

@@ -6,16 +6,8 @@ use std::sync::Arc;
 
 use redis::{PushInfo, PushKind, Value};
 
-use super::RedisBackend;
-use super::acl;
-use super::link::{Link, redis_error};
 use super::names::Names;
-use crate::LockError;
 use crate::backend::Wakeups;
-
-/// The key whose release channel [`RedisBackend::check_notifications`] subscribes to and leaves
-/// when connecting (nobody locks it; a stray wake-up would be harmless).
-const PROBE_KEY: &str = "dlock-permission-check";
 
 /// The push sender of a connection: hands every push to [`on_push`]; on Cluster a disconnect
 /// also asks for `repair` (subscriptions restored by the maintenance task).
@@ -64,98 +56,5 @@ fn on_push(wakeups: &dyn Wakeups, names: &Names, origin: &str, push: PushInfo) {
         }
         PushKind::Disconnection => wakeups.wake_all(),
         _ => {}
-    }
-}
-
-impl RedisBackend {
-    /// Subscribes to (or unsubscribes from) the release channel of `key`: `SUBSCRIBE` on one
-    /// server, `SSUBSCRIBE` (sharded, follows the slot) on Cluster, where the maintenance task
-    /// restores the subscribed channels after a disconnect or a rebuild.
-    pub(super) async fn set_subscribed(
-        &self,
-        key: &str,
-        subscribed: bool,
-    ) -> Result<(), LockError> {
-        let channel = self.names.channel(key);
-        let what = if subscribed {
-            "subscribe failed"
-        } else {
-            "unsubscribe failed"
-        };
-        if let Link::Cluster(link) = &self.link
-            && !subscribed
-        {
-            link.channels().remove(&channel);
-        }
-        let answer = tokio::time::timeout(self.timeout, self.subscribe_call(&channel, subscribed))
-            .await
-            .ok();
-        self.settle(Some(key), what, answer)?;
-        if let Link::Cluster(link) = &self.link
-            && subscribed
-        {
-            link.channels().insert(channel);
-        }
-        Ok(())
-    }
-
-    /// One `(S)SUBSCRIBE` or `(S)UNSUBSCRIBE` of `channel`, unbounded.
-    async fn subscribe_call(&self, channel: &str, subscribed: bool) -> redis::RedisResult<()> {
-        match &self.link {
-            Link::Single(c, _) => {
-                let mut c = c.clone();
-                if subscribed {
-                    c.subscribe(channel).await
-                } else {
-                    c.unsubscribe(channel).await
-                }
-            }
-            Link::Cluster(link) => {
-                let mut c = link.conn();
-                if subscribed {
-                    c.ssubscribe(channel).await
-                } else {
-                    c.sunsubscribe(channel).await
-                }
-            }
-        }
-    }
-
-    /// Subscribes to one release channel of this runtime's prefix and leaves it again, when
-    /// connecting: a user the server's ACL does not let subscribe (the command, or the channel
-    /// pattern) is a `Backend` error naming the missing permission now, rather than waiters
-    /// that quietly poll. Other failures only cost notifications (waiters then poll within
-    /// the holder's TTL): logged, not fatal.
-    pub(super) async fn check_notifications(&self) -> Result<(), LockError> {
-        let channel = self.names.channel(PROBE_KEY);
-        let answer = tokio::time::timeout(self.timeout, self.subscribe_call(&channel, true)).await;
-        let err = match answer {
-            Ok(Ok(())) => {
-                let leave = self.subscribe_call(&channel, false);
-                if let Ok(Err(err)) = tokio::time::timeout(self.timeout, leave).await {
-                    tracing::debug!(error = %err, "leaving the permission check's channel failed");
-                }
-                return Ok(());
-            }
-            Ok(Err(err)) => err,
-            Err(_) => {
-                tracing::warn!(
-                    "no answer to a subscription while connecting; waiters will poll until notifications work"
-                );
-                return Ok(());
-            }
-        };
-        let publish = self.link.publish_command();
-        match acl::denial(&err.to_string(), None, &self.names, publish) {
-            Some(denial) => Err(redis_error(
-                None,
-                &format!("cannot subscribe to release notifications: {denial}"),
-                err,
-            )),
-            None => {
-                tracing::warn!(error = %err, "cannot subscribe to release notifications; waiters will poll");
-                Ok(())
-            }
-        }
     }
 }

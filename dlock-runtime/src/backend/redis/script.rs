@@ -8,8 +8,6 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::RedisBackend;
-use crate::LockError;
 use crate::backend::Attempt;
 
 /// The sources, each with its comment block (KEYS, ARGV, return values).
@@ -33,7 +31,7 @@ pub(crate) const FAIR_LEAVE_LUA: &str = include_str!("lua/fair_leave.lua");
 /// One script: its name (for messages), source and SHA1.
 pub(super) struct Lua {
     pub(super) name: &'static str,
-    sha: String,
+    pub(super) sha: String,
     pub(super) src: &'static str,
 }
 
@@ -89,6 +87,30 @@ impl Scripts {
     }
 }
 
+/// How long the fence counter outlives the last lock on its key (every acquisition and renewal
+/// pushes its expiry to this after the lease). Once it has expired, the next token starts at
+/// the server clock in microseconds (see `lua/acquire.lua` for the bound that gives).
+pub(super) const FENCE_TTL: Duration = Duration::from_secs(600);
+
+/// Fencing tokens one acquisition reserves (`INCRBY`): the first is the holder's, the others go
+/// to waiters of the same runtime that it hands the lock to without a round trip (at most
+/// this many holders per acquisition, so at most this many before the runtime releases in
+/// Redis and waiters of other processes get their turn). A turn of a key busy in several
+/// processes is that long: the switch to the next process (a release, a message, an attempt,
+/// a wake-up in another process) is paid once a block; blocks of 16 cost the benchmark's
+/// 4-process hot key a fifth of its rate, while 64 keep the others' longest wait at a few
+/// tens of milliseconds.
+pub(crate) const FENCE_BLOCK: u64 = 64;
+
+/// How long a flagged release reserves the key for the runtime first in line (see
+/// `lua/release.lua`): long enough for a published message and one attempt; should it be
+/// gone, the key is free again after this.
+pub(super) const RESERVATION: Duration = Duration::from_millis(50);
+
+/// How long a writer that found readers keeps new readers out without asking again; it asks
+/// again on every release it is told of, and at least every half of this.
+pub(super) const WRITER_WAITING: Duration = Duration::from_secs(2);
+
 /// The lowest value a fence counter that was not recreated can hold: counters start at the
 /// server clock in microseconds (2001-09-09 in microseconds is 10^15), so a value below this
 /// was drawn from a counter recreated from zero (first use, expired, the server lost its data)
@@ -117,36 +139,6 @@ pub(super) fn millis_ceil(d: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 
-impl RedisBackend {
-    /// Runs `lua` with `fill` appending `numkeys`, the keys and the arguments.
-    pub(super) async fn run_script<T: redis::FromRedisValue>(
-        &self,
-        lua: &Lua,
-        key: Option<&str>,
-        what: &str,
-        fill: impl Fn(&mut redis::Cmd),
-    ) -> Result<T, LockError> {
-        let mut conn = self.link.handle();
-        let mut cmd = spare_command();
-        cmd.arg("EVALSHA").arg(&lua.sha);
-        fill(&mut cmd);
-        let answer = self.bounded(std::pin::pin!(conn.query::<T>(&cmd))).await;
-        let answer = match answer {
-            Some(Err(err))
-                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(lua.src);
-                fill(&mut cmd);
-                self.bounded(std::pin::pin!(conn.query(&cmd))).await
-            }
-            answer => answer,
-        };
-        keep_command(cmd);
-        self.settle_script(key, what, answer, Some(lua))
-    }
-}
-
 /// A kept command is at most this many arguments (the scripts' usual count; a large renewal
 /// batch's command is dropped, not kept).
 const SPARE_ARGS: usize = 16;
@@ -159,7 +151,7 @@ thread_local! {
 
 /// An empty command: this thread's spare one, else a new one sized for the scripts'
 /// arguments (no reallocation while they are written).
-fn spare_command() -> redis::Cmd {
+pub(super) fn spare_command() -> redis::Cmd {
     match SPARE.try_with(Cell::take) {
         Ok(Some(mut cmd)) => {
             cmd.clear();
@@ -170,7 +162,7 @@ fn spare_command() -> redis::Cmd {
 }
 
 /// Gives `cmd` back for the next [`spare_command`] of this thread, if it is not a large one.
-fn keep_command(cmd: redis::Cmd) {
+pub(super) fn keep_command(cmd: redis::Cmd) {
     if cmd.args_iter().len() <= SPARE_ARGS {
         // After the thread's storage is gone the command is just dropped.
         let _ = SPARE.try_with(|spare| spare.set(Some(cmd)));

@@ -1,21 +1,20 @@
 //! Configuration of Redlock:
 //! `redlock://h1:p1,h2:p2,h3:p3[?node_timeout=100ms&min_validity=0.5&quorum=2&rejoin_after=30s]`,
-//! or the builder's `.redlock([urls])` with one `redis://` URL per node (each may carry its own
-//! password, db or TLS) and `.node_timeout(d)`, `.min_validity(f)`, `.quorum(n)`,
-//! `.rejoin_after(d)`. `min_validity` is the fraction of the lease that must still be valid
-//! when the quorum has granted it (default one half: the first renewal is due a third of the
-//! lease after the request was sent). `quorum` is how many nodes must grant a lock (default a
-//! majority; from a majority to N). `rejoin_after` is how long after a node restarted its
-//! grants count again (default: the longest lease the runtime has used; zero: never checked).
+//! or the builder's `.redlock([urls])` with one `redis://` URL per node.
+//!
+//! `min_validity`: the fraction of the lease still valid when the quorum granted (default ½);
+//! `quorum`: nodes that must grant (default a majority, at most N); `rejoin_after`: how long
+//! after a restart a node's grants count again (default the longest lease used; zero: never
+//! checked).
 
 use std::fmt;
 use std::time::Duration;
 
 use super::RedlockBackend;
-use crate::LockError;
 use crate::backend::redis::config::{CLIENT_OPTIONS, check_tls, node_urls, redact};
 use crate::backend::url::EngineUrl;
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig, Setting};
+use crate::error::LockError;
 
 /// Default per-node timeout of Redlock calls.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);

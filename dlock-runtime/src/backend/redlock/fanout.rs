@@ -1,24 +1,16 @@
 //! One request per node, answers taken as they come: the caller settles as soon as the answers
 //! so far decide the outcome, and the requests still out finish in the background.
 //!
-//! Ordering: every node's request is polled at least once before [`FanOut::until`] returns,
+//! Invariant: every node's request is polled at least once before [`FanOut::until`] returns,
 //! and whatever is started afterwards ([`Background::start`]) is polled once before it is
-//! handed to a task. One poll hands a request to its node's connection (the redis client
-//! queues it on the connection's single pipeline, written in order), so a request finished in
-//! the background still reaches its node before any request the caller sends to that node
-//! next: a release answered by the quorum is processed on the slow node before the next
-//! acquire of the key. (A connection that is being re-established queues nothing until it is
-//! up; requests waiting for it are sent in no particular order.) The calls and chores run
-//! unconstrained by tokio's cooperative budget, so that a first poll is never turned away.
-//! A node that may not have the scripts (first contact, a reconnect) gets them loaded ahead
-//! of the request (`RedisBackend::load_scripts`): a script run answered "no such script" is
-//! resent as `EVAL` behind whatever was queued meanwhile, which would break that order.
+//! handed to a task, so a request finished in the background still reaches its node before
+//! the caller's next request to that node.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// One node's request, bounded by the node timeout, owning what it needs.
 pub(super) type NodeCall<T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send>>;
@@ -155,84 +147,4 @@ impl Background {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    use super::*;
-
-    fn after(ms: u64, value: u32) -> NodeCall<u32> {
-        Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            Ok(value)
-        })
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn settles_at_the_first_deciding_answer_and_finishes_the_rest_in_the_background() {
-        let mut fan = FanOut::new(vec![
-            (after(10, 1), false),
-            (after(20, 2), false),
-            (after(1000, 3), false),
-        ]);
-        let started = tokio::time::Instant::now();
-        fan.until(|answers| answers.iter().flatten().count() >= 2)
-            .await;
-        assert_eq!(started.elapsed(), Duration::from_millis(20));
-        assert!(
-            fan.answers()[2].is_none(),
-            "the slowest node has not answered"
-        );
-        let late = Arc::new(Mutex::new(Vec::new()));
-        let seen = late.clone();
-        let rest = fan.rest(move |i, answer| {
-            seen.lock().unwrap().push((i, answer.unwrap()));
-        });
-        rest.spawn();
-        tokio::time::sleep(Duration::from_millis(2000)).await;
-        assert_eq!(*late.lock().unwrap(), vec![(2, 3)]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn waits_for_every_answer_when_nothing_settles_earlier() {
-        let mut fan = FanOut::new(vec![
-            (after(10, 1), false),
-            (after(30, 2), false),
-            (after(20, 3), false),
-        ]);
-        fan.until(|_| false).await;
-        let answers: Vec<u32> = fan
-            .answers()
-            .iter()
-            .map(|a| *a.as_ref().unwrap().as_ref().unwrap())
-            .collect();
-        assert_eq!(answers, vec![1, 2, 3]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_node_that_may_be_connecting_is_awaited_even_when_the_others_settle() {
-        let mut fan = FanOut::new(vec![
-            (after(10, 1), false),
-            (after(20, 2), false),
-            (after(500, 3), true),
-        ]);
-        let started = tokio::time::Instant::now();
-        fan.until(|answers| answers.iter().flatten().count() >= 2)
-            .await;
-        assert_eq!(started.elapsed(), Duration::from_millis(500));
-        assert!(fan.answers()[2].is_some(), "the awaited node answered");
-    }
-
-    #[tokio::test]
-    async fn a_started_chore_has_run_up_to_its_first_wait_before_start_returns() {
-        let mut background = Background::default();
-        let sent = Arc::new(Mutex::new(false));
-        let flag = sent.clone();
-        background.start(async move {
-            *flag.lock().unwrap() = true;
-            tokio::task::yield_now().await;
-        });
-        assert!(*sent.lock().unwrap(), "the chore's first step ran in start");
-        background.spawn();
-    }
-}
+mod tests;

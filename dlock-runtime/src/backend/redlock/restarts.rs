@@ -1,20 +1,9 @@
 //! Telling a node that restarted, so that its grants do not count while it may have forgotten
-//! locks it held.
+//! locks it held: the client-side form of Redlock's *delayed restart*.
 //!
-//! A Redis master restarted without its data (kill -9 and restart, no `appendfsync always`)
-//! no longer has the locks it granted. If a holder had exactly a quorum of grants and one of
-//! those nodes comes back empty, a second contender can win a quorum that includes it: two
-//! holders. The published remedy is a *delayed restart* (the node stays out for the longest
-//! lease); this is the client-side form of it: the runtime reads each node's run id
-//! (`INFO server`) when it first reaches the node and again after every reconnect or failed
-//! call (a disconnect push from the node's connection, or an error), pipelined with the
-//! acquire request so that it costs no extra round trip. A node whose run id changed has
-//! restarted; its grants do not count toward the quorum until `rejoin_after` after its restart
-//! (the restart instant is the node's uptime before the check).
-//!
-//! What it cannot see: a node that restarted before this runtime first reached it (its run id
-//! is the first one seen). A node that refuses `INFO` (an ACL without it) cannot be checked;
-//! its grants count, and a warning says so once.
+//! Invariant: a node's run id (`INFO server`) is read when it is first reached and again after
+//! every reconnect or failed call; a node whose run id changed counts again only `rejoin_after`
+//! after its restart. A node that refuses `INFO` cannot be checked: its grants count.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -22,9 +11,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::LockError;
 use crate::backend::Wakeups;
 use crate::backend::redis::RedisBackend;
+use crate::error::LockError;
 
 /// What this runtime knows of one node's server process.
 #[derive(Debug)]

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use super::ZooKeeperBackend;
-use crate::LockError;
 use crate::backend::url::EngineUrl;
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig, Setting};
+use crate::error::LockError;
 
 /// Default ZooKeeper session timeout asked for; the server may grant less (or more), and the
 /// timeout it grants is the bound after which a dead holder's lock is freed.

@@ -1,20 +1,18 @@
-//! ZooKeeper's locks as an operator sees them: the children of a key's node
-//! (`/<prefix>/<escaped key>/lock-<owner>-<sequence>`), the lowest sequence holding; its
-//! fence the node's `czxid`. A node lives as long as its holder's session, not a lease, so the
-//! TTL shown is the session timeout this runtime negotiated: how long the holder's node
-//! outlives its session if the holder stopped now (the server does not show the timeout of
-//! another client's session; runtimes configured alike get the same). A read lock or a
-//! semaphore (the mode from the owner token's tag in the node names) shows the earliest of its
-//! holders (the readers before the first writer, the permits among the first N), `holds`
-//! counting them all.
+//! ZooKeeper's locks as an operator sees them: the children of a key's node, the lowest sequence
+//! holding, its fence the node's `czxid`; a read lock or a semaphore shows the earliest of its
+//! holders, `holds` counting them all.
+//!
+//! The TTL shown is the session timeout this runtime negotiated (a node lives as long as its
+//! holder's session; the server does not show another client's timeout).
 
 use zookeeper_client::Error as ZkError;
 
-use super::ZooKeeperBackend;
-use super::path::{sequence, unescape};
+use super::path::{parent, sequence, unescape};
+use super::session::Session;
 use crate::backend::mode::{Mode, holding_now};
+use crate::error::LockError;
+use crate::inspect::LockInfo;
 use crate::inspect::is_owner_token;
-use crate::{LockError, LockInfo};
 
 /// Looks at a queue again when its head went between the listing and the read of its node.
 const HEAD_LOOKUPS: usize = 3;
@@ -44,81 +42,85 @@ fn owner_of(name: &str) -> Option<&str> {
     is_owner_token(owner).then_some(owner)
 }
 
-impl ZooKeeperBackend {
-    /// The children of `path`; `None` when it does not exist.
-    async fn children(
-        &self,
-        key: Option<&str>,
-        path: &str,
-    ) -> Result<Option<Vec<String>>, LockError> {
-        let client = self.session.client();
-        match self
-            .session
-            .within(key, "inspection failed", client.list_children(path))
-            .await?
-        {
-            Ok(children) => Ok(Some(children)),
-            Err(ZkError::NoNode) => Ok(None),
-            Err(e) => Err(self.session.failed(key, "inspection failed", e).await),
-        }
+/// The children of `path`; `None` when it does not exist.
+async fn children(
+    session: &Session,
+    key: Option<&str>,
+    path: &str,
+) -> Result<Option<Vec<String>>, LockError> {
+    let client = session.client();
+    match session
+        .within(key, "inspection failed", client.list_children(path))
+        .await?
+    {
+        Ok(children) => Ok(Some(children)),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(e) => Err(session.failed(key, "inspection failed", e).await),
     }
+}
 
-    /// The holder of `key`: the lowest sequence among its queue's nodes.
-    pub(super) async fn holder(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        let parent = self.parent(key);
-        for _ in 0..HEAD_LOOKUPS {
-            let Some(children) = self.children(Some(key), &parent).await? else {
-                return Ok(None);
-            };
-            let holding = holding_nodes(&children);
-            let Some(&(head, mode)) = holding.first() else {
-                return Ok(None);
-            };
-            let Some(owner) = owner_of(head) else {
-                // Not a node the runtime made.
-                return Ok(None);
-            };
-            let client = self.session.client();
-            let stat = self
-                .session
-                .bounded(
-                    Some(key),
-                    "inspection failed",
-                    client.check_stat(&format!("{parent}/{head}")),
-                )
-                .await?;
-            if let Some(stat) = stat {
-                let mut info = LockInfo::held(
-                    key,
-                    owner,
-                    self.session.negotiated(),
-                    u32::try_from(holding.len()).unwrap_or(u32::MAX),
-                    u64::try_from(stat.czxid).ok(),
-                );
-                info.mode = mode.name().to_owned();
-                return Ok(Some(info));
-            }
-            // Released between the listing and the read: look at the queue again.
-        }
-        Ok(None)
-    }
-
-    /// The holders of every key starting with `prefix`.
-    pub(super) async fn holders(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
-        let Some(children) = self.children(None, &self.root).await? else {
-            return Ok(Vec::new());
+/// The holder of `key`: the lowest sequence among its queue's nodes.
+pub(super) async fn holder(
+    session: &Session,
+    root: &str,
+    key: &str,
+) -> Result<Option<LockInfo>, LockError> {
+    let parent = parent(root, key);
+    for _ in 0..HEAD_LOOKUPS {
+        let Some(children) = children(session, Some(key), &parent).await? else {
+            return Ok(None);
         };
-        let mut out = Vec::new();
-        for key in children.iter().filter_map(|segment| unescape(segment)) {
-            if !key.starts_with(prefix) {
-                continue;
-            }
-            if let Some(info) = self.holder(&key).await? {
-                out.push(info);
-            }
+        let holding = holding_nodes(&children);
+        let Some(&(head, mode)) = holding.first() else {
+            return Ok(None);
+        };
+        let Some(owner) = owner_of(head) else {
+            // Not a node the runtime made.
+            return Ok(None);
+        };
+        let client = session.client();
+        let stat = session
+            .bounded(
+                Some(key),
+                "inspection failed",
+                client.check_stat(&format!("{parent}/{head}")),
+            )
+            .await?;
+        if let Some(stat) = stat {
+            let mut info = LockInfo::held(
+                key,
+                owner,
+                session.negotiated(),
+                u32::try_from(holding.len()).unwrap_or(u32::MAX),
+                u64::try_from(stat.czxid).ok(),
+            );
+            info.mode = mode.name().to_owned();
+            return Ok(Some(info));
         }
-        Ok(out)
+        // Released between the listing and the read: look at the queue again.
     }
+    Ok(None)
+}
+
+/// The holders of every key starting with `prefix`.
+pub(super) async fn holders(
+    session: &Session,
+    root: &str,
+    prefix: &str,
+) -> Result<Vec<LockInfo>, LockError> {
+    let Some(children) = children(session, None, root).await? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for key in children.iter().filter_map(|segment| unescape(segment)) {
+        if !key.starts_with(prefix) {
+            continue;
+        }
+        if let Some(info) = holder(session, root, &key).await? {
+            out.push(info);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

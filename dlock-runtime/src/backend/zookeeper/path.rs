@@ -1,5 +1,10 @@
 //! Node names: a user key as one path segment, and the sequence number of a queue node.
 
+/// The node of `key`'s queue under `root`: `<root>/<escaped key>`.
+pub(super) fn parent(root: &str, key: &str) -> String {
+    format!("{root}/{}", escape(key))
+}
+
 /// A key as one path segment: `%`, `/`, and every character ZooKeeper rejects in a path
 /// (controls, U+007F-U+009F, U+E000-U+F8FF, U+FFF0-U+FFFF, and everything outside the Basic
 /// Multilingual Plane, which Java sees as surrogates) percent-encoded as UTF-8; the names `.`

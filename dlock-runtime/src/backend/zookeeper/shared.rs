@@ -3,79 +3,74 @@
 //! where the owner token ends in the mode's tag (`-r` a reader, `-s<N>` a permit, nothing a
 //! writer), Curator's read-write lock and semaphore in one queue: a reader holds when no
 //! writer node has a lower sequence, a permit when fewer than N nodes do; a writer holds when
-//! its node is the lowest (`mod.rs`). Waiting watches the parent's children.
+//! its node is the lowest (`queue.rs`). Waiting watches the parent's children.
 
 use tokio::time::Instant;
 
-use super::ZooKeeperBackend;
 use super::path::sequence;
-use crate::LockError;
-use crate::backend::Attempt;
-use crate::backend::mode::{Mode, permits_mismatch};
+use super::session::Session;
+use crate::backend::mode::{Mode, Position, shared_holds};
+use crate::error::LockError;
 
-impl ZooKeeperBackend {
-    /// Waits until the node `my_node` (sequence `my_seq`) of a reader or permit under
-    /// `parent` holds (`Acquired` with `fence`), or `deadline` (`Busy`, node deleted).
-    pub(super) async fn wait_shared(
-        &self,
-        key: &str,
-        owner: &str,
-        (parent, my_node, my_seq): (&str, &str, i64),
-        fence: Option<u64>,
-        deadline: Instant,
-        mode: Mode,
-    ) -> Result<Attempt, LockError> {
-        let client = self.session.client();
-        loop {
-            let (children, watcher) = self
-                .session
-                .bounded(
-                    Some(key),
-                    "queue lookup failed",
-                    client.list_and_watch_children(parent),
-                )
-                .await?;
-            let mut earlier = 0usize;
-            let mut writer_ahead = false;
-            let mut present = false;
-            for name in &children {
-                let Some(seq) = sequence(name) else { continue };
-                let other = Mode::of(name.strip_prefix("lock-").unwrap_or_default());
-                if let (Mode::Permits(asked), Mode::Permits(held)) = (mode, other)
-                    && asked != held
-                {
-                    self.leave(key, owner).await;
-                    return Err(permits_mismatch(key, asked, held));
-                }
-                if my_node.ends_with(name.as_str()) {
-                    present = true;
-                } else if seq < my_seq {
-                    earlier += 1;
-                    writer_ahead |= other == Mode::Exclusive;
-                }
-            }
-            if !present {
+/// How a reader's or a permit's wait ended.
+pub(super) enum Waited {
+    /// Its node holds.
+    Holds,
+    /// The deadline passed: the caller leaves the queue.
+    GaveUp,
+    /// A holder of the semaphore asked for another number of permits: the caller leaves the
+    /// queue and answers this.
+    Refused(LockError),
+}
+
+/// Waits until the node `my_node` (sequence `my_seq`) of a reader or permit under `parent`
+/// holds, or `deadline`.
+pub(super) async fn wait(
+    session: &Session,
+    key: &str,
+    (parent, my_node, my_seq): (&str, &str, i64),
+    deadline: Instant,
+    mode: Mode,
+) -> Result<Waited, LockError> {
+    let client = session.client();
+    loop {
+        let (children, watcher) = session
+            .bounded(
+                Some(key),
+                "queue lookup failed",
+                client.list_and_watch_children(parent),
+            )
+            .await?;
+        let entries = children.iter().filter_map(|name| {
+            let seq = sequence(name)?;
+            let other = Mode::of(name.strip_prefix("lock-").unwrap_or_default());
+            let position = if my_node.ends_with(name.as_str()) {
+                Position::Mine
+            } else if seq < my_seq {
+                Position::Ahead
+            } else {
+                Position::Behind
+            };
+            Some((other, position))
+        });
+        match shared_holds(key, mode, entries) {
+            Err(refused) => return Ok(Waited::Refused(refused)),
+            Ok(None) => {
                 return Err(LockError::backend(
                     Some(key),
                     "the queue node vanished (session expired?)",
                     None,
                 ));
             }
-            let holds = match mode {
-                Mode::Permits(n) => earlier < n as usize,
-                _ => !writer_ahead,
-            };
-            if holds {
-                return Ok(Attempt::Acquired { fence });
-            }
-            if Instant::now() >= deadline
-                || tokio::time::timeout_at(deadline, watcher.changed())
-                    .await
-                    .is_err()
-            {
-                self.leave(key, owner).await;
-                return Ok(Attempt::Busy { ttl: None });
-            }
+            Ok(Some(true)) => return Ok(Waited::Holds),
+            Ok(Some(false)) => {}
+        }
+        if Instant::now() >= deadline
+            || tokio::time::timeout_at(deadline, watcher.changed())
+                .await
+                .is_err()
+        {
+            return Ok(Waited::GaveUp);
         }
     }
 }
