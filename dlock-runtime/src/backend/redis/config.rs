@@ -10,10 +10,9 @@ use std::fmt;
 
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
-use super::RedisBackend;
+use crate::backend::EngineConfig;
 pub(crate) use crate::backend::url::redact;
 use crate::backend::url::{EngineUrl, redact_pair, split_pair};
-use crate::backend::{Connecting, Context, DynBackend, EngineConfig};
 use crate::error::LockError;
 
 /// The query options of a node URL: the redis client's, and those applied here.
@@ -301,42 +300,6 @@ fn percent_decode(text: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-impl EngineConfig for RedisConfig {
-    fn name(&self) -> &'static str {
-        match self {
-            Self::Single(_) => "redis",
-            Self::Cluster(_) => "redis-cluster",
-        }
-    }
-
-    fn options(&self) -> &'static [&'static str] {
-        &CLIENT_OPTIONS
-    }
-
-    fn connect(self: Box<Self>, ctx: Context) -> Connecting {
-        Box::pin(async move {
-            let backend = match *self {
-                Self::Single(url) => {
-                    check_tls(&url)?;
-                    RedisBackend::connect(&url, &ctx).await?
-                }
-                Self::Cluster(seeds) => {
-                    if seeds.is_empty() {
-                        return Err(LockError::config(
-                            "redis_cluster needs at least one seed URL",
-                        ));
-                    }
-                    for seed in &seeds {
-                        check_tls(seed)?;
-                    }
-                    RedisBackend::connect_cluster(&seeds, &ctx).await?
-                }
-            };
-            Ok(DynBackend::new_arc(backend))
-        })
-    }
 }
 
 #[cfg(test)]

@@ -33,12 +33,13 @@ pub(crate) use self::script::FENCE_BLOCK;
 
 use self::client::Client;
 use self::cluster::ClusterLink;
+use self::config::{CLIENT_OPTIONS, RedisConfig, check_tls};
 use self::exclusive::Counters;
 use self::link::Link;
 use super::mode::Mode;
 use super::{
-    Attempt, AttemptAll, Backend, Capabilities, Context, EngineResult, Extension, Fairness,
-    Released, Renewal,
+    Attempt, AttemptAll, Backend, Capabilities, Connecting, Context, DynBackend, EngineConfig,
+    EngineResult, Extension, Fairness, Released, Renewal,
 };
 use crate::error::LockError;
 use crate::inspect::LockInfo;
@@ -356,5 +357,41 @@ impl Backend for RedisBackend {
 
     async fn leave_fair_queue(&self, key: &str, owner: &str) -> EngineResult<()> {
         fair::leave(&self.client, key, owner).await
+    }
+}
+
+impl EngineConfig for RedisConfig {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Single(_) => "redis",
+            Self::Cluster(_) => "redis-cluster",
+        }
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        &CLIENT_OPTIONS
+    }
+
+    fn connect(self: Box<Self>, ctx: Context) -> Connecting {
+        Box::pin(async move {
+            let backend = match *self {
+                Self::Single(url) => {
+                    check_tls(&url)?;
+                    RedisBackend::connect(&url, &ctx).await?
+                }
+                Self::Cluster(seeds) => {
+                    if seeds.is_empty() {
+                        return Err(LockError::config(
+                            "redis_cluster needs at least one seed URL",
+                        ));
+                    }
+                    for seed in &seeds {
+                        check_tls(seed)?;
+                    }
+                    RedisBackend::connect_cluster(&seeds, &ctx).await?
+                }
+            };
+            Ok(DynBackend::new_arc(backend))
+        })
     }
 }

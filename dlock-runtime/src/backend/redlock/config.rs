@@ -10,10 +10,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::RedlockBackend;
-use crate::backend::redis::config::{CLIENT_OPTIONS, check_tls, node_urls, redact};
+use crate::backend::redis::config::{CLIENT_OPTIONS, node_urls, redact};
 use crate::backend::url::EngineUrl;
-use crate::backend::{Connecting, Context, DynBackend, EngineConfig, Setting};
+use crate::backend::{EngineConfig, Setting};
 use crate::error::LockError;
 
 /// Default per-node timeout of Redlock calls.
@@ -23,7 +22,7 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 const DEFAULT_MIN_VALIDITY: f64 = 0.5;
 
 /// The engine's own options (beside the redis client's).
-const OPTIONS: [&str; 11] = [
+pub(super) const OPTIONS: [&str; 11] = [
     "node_timeout",
     "min_validity",
     "quorum",
@@ -39,13 +38,13 @@ const OPTIONS: [&str; 11] = [
 
 #[derive(Clone)]
 pub(crate) struct RedlockConfig {
-    nodes: Vec<String>,
-    node_timeout: Duration,
-    min_validity: f64,
+    pub(super) nodes: Vec<String>,
+    pub(super) node_timeout: Duration,
+    pub(super) min_validity: f64,
     /// `None`: a majority.
-    quorum: Option<u32>,
+    pub(super) quorum: Option<u32>,
     /// `None`: the longest lease used.
-    rejoin_after: Option<Duration>,
+    pub(super) rejoin_after: Option<Duration>,
 }
 
 /// The settings the backend runs with.
@@ -89,7 +88,7 @@ impl RedlockConfig {
     }
 
     /// The quorum: a majority unless set; from a majority to every node.
-    fn quorum(&self) -> Result<usize, LockError> {
+    pub(super) fn quorum(&self) -> Result<usize, LockError> {
         let n = self.nodes.len();
         let majority = n / 2 + 1;
         let Some(quorum) = self.quorum else {
@@ -113,52 +112,8 @@ impl RedlockConfig {
     }
 }
 
-impl EngineConfig for RedlockConfig {
-    fn name(&self) -> &'static str {
-        "redlock"
-    }
-
-    fn set(&mut self, name: &str, value: Setting<'_>) -> Result<bool, LockError> {
-        match name {
-            "node_timeout" => self.node_timeout = value.positive_duration(name)?,
-            "min_validity" => self.min_validity = fraction(name, value)?,
-            "quorum" => self.quorum = Some(value.count(name)?),
-            "rejoin_after" => self.rejoin_after = Some(value.duration(name)?),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    fn options(&self) -> &'static [&'static str] {
-        debug_assert_eq!(&OPTIONS[4..], &CLIENT_OPTIONS);
-        &OPTIONS
-    }
-
-    fn connect(self: Box<Self>, ctx: Context) -> Connecting {
-        Box::pin(async move {
-            if self.nodes.len() < 3 {
-                return Err(LockError::config(format!(
-                    "Redlock needs at least 3 independent Redis masters, got {}",
-                    self.nodes.len()
-                )));
-            }
-            for node in &self.nodes {
-                check_tls(node)?;
-            }
-            let tuning = Tuning {
-                node_timeout: self.node_timeout,
-                min_validity: self.min_validity,
-                quorum: self.quorum()?,
-                rejoin_after: self.rejoin_after,
-            };
-            let backend = RedlockBackend::connect(&self.nodes, &ctx, tuning)?;
-            Ok(DynBackend::new_arc(backend))
-        })
-    }
-}
-
 /// A fraction in `[0, 1)` written as a decimal (`0.5`).
-fn fraction(name: &str, value: Setting<'_>) -> Result<f64, LockError> {
+pub(super) fn fraction(name: &str, value: Setting<'_>) -> Result<f64, LockError> {
     let parsed = match value {
         Setting::Text(text) => text.parse::<f64>().ok(),
         Setting::Fraction(f) => Some(f),

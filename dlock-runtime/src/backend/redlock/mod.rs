@@ -20,10 +20,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use self::acquire::{Ask, drift};
-use self::config::Tuning;
+use self::config::{OPTIONS, RedlockConfig, Tuning, fraction};
 use self::fanout::Answer;
 use self::nodes::{Nodes, release_at};
-use super::{Attempt, Backend, Capabilities, Context, EngineResult, Fairness, Released, Renewal};
+use super::redis::config::{CLIENT_OPTIONS, check_tls};
+use super::{
+    Attempt, Backend, Capabilities, Connecting, Context, DynBackend, EngineConfig, EngineResult,
+    Fairness, Released, Renewal, Setting,
+};
 use crate::error::LockError;
 use crate::inspect::LockInfo;
 
@@ -356,6 +360,50 @@ impl Backend for RedlockBackend {
             )));
         }
         Ok(drift(lease))
+    }
+}
+
+impl EngineConfig for RedlockConfig {
+    fn name(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn set(&mut self, name: &str, value: Setting<'_>) -> Result<bool, LockError> {
+        match name {
+            "node_timeout" => self.node_timeout = value.positive_duration(name)?,
+            "min_validity" => self.min_validity = fraction(name, value)?,
+            "quorum" => self.quorum = Some(value.count(name)?),
+            "rejoin_after" => self.rejoin_after = Some(value.duration(name)?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        debug_assert_eq!(&OPTIONS[4..], &CLIENT_OPTIONS);
+        &OPTIONS
+    }
+
+    fn connect(self: Box<Self>, ctx: Context) -> Connecting {
+        Box::pin(async move {
+            if self.nodes.len() < 3 {
+                return Err(LockError::config(format!(
+                    "Redlock needs at least 3 independent Redis masters, got {}",
+                    self.nodes.len()
+                )));
+            }
+            for node in &self.nodes {
+                check_tls(node)?;
+            }
+            let tuning = Tuning {
+                node_timeout: self.node_timeout,
+                min_validity: self.min_validity,
+                quorum: self.quorum()?,
+                rejoin_after: self.rejoin_after,
+            };
+            let backend = RedlockBackend::connect(&self.nodes, &ctx, tuning)?;
+            Ok(DynBackend::new_arc(backend))
+        })
     }
 }
 
