@@ -52,7 +52,8 @@ async fn a_nested_call_ending_in_the_first_step_leaves_the_outer_hold_renewed() 
     use crate::runtime::Runtime;
 
     let rt = Runtime::from_url("memory://").await.expect("memory");
-    let lease = Duration::from_millis(300);
+    // Long enough for renewals on a loaded machine; the body blocks for three of them.
+    let lease = Duration::from_millis(800);
     let (stolen, done) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
@@ -85,8 +86,8 @@ async fn a_nested_call_ending_in_the_first_step_leaves_the_outer_hold_renewed() 
         with_lock(rt.lock("inner").lease(lease), async {})
             .await
             .expect("inner call");
-        // A synchronous call in async code, four leases long.
-        std::thread::sleep(lease * 4);
+        // A synchronous call in async code, three leases long.
+        std::thread::sleep(lease * 3);
     })
     .await;
     done.store(true, Ordering::SeqCst);
