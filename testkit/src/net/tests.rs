@@ -63,6 +63,16 @@ impl Drop for EchoServer {
     }
 }
 
+/// An echo server, a proxy to it, and a connection through the proxy that has made one round
+/// trip.
+async fn working_link() -> (EchoServer, FaultProxy, TcpStream) {
+    let server = EchoServer::start(b"").await;
+    let proxy = FaultProxy::start(server.addr);
+    let mut stream = connect(&proxy).await;
+    round_trip(&mut stream, b"before").await;
+    (server, proxy, stream)
+}
+
 const SHORT: Duration = Duration::from_secs(1);
 
 async fn connect(proxy: &FaultProxy) -> TcpStream {
@@ -106,13 +116,10 @@ async fn read_end(stream: &mut TcpStream) -> std::io::Result<usize> {
 
 #[tokio::test]
 async fn an_open_link_forwards_both_ways_and_counts_the_bytes() {
-    let server = EchoServer::start(b"").await;
-    let proxy = FaultProxy::start(server.addr);
-    let mut stream = connect(&proxy).await;
-    round_trip(&mut stream, b"hello").await;
+    let (_server, proxy, stream) = working_link().await;
     // The proxy counts a write right after it made it: the client may be faster.
     let counts = |s: ProxyStats| (s.accepted, s.open, s.to_server, s.to_client);
-    until(|| counts(proxy.stats()) == (1, 1, 5, 5), "the counts").await;
+    until(|| counts(proxy.stats()) == (1, 1, 6, 6), "the counts").await;
     drop(stream);
     until(
         || proxy.stats().open == 0,
@@ -132,10 +139,7 @@ async fn until(check: impl Fn() -> bool, what: &str) {
 
 #[tokio::test]
 async fn a_black_holed_link_delivers_zero_bytes_in_a_second_and_the_client_sees_no_error() {
-    let server = EchoServer::start(b"").await;
-    let proxy = FaultProxy::start(server.addr);
-    let mut old = connect(&proxy).await;
-    round_trip(&mut old, b"before").await;
+    let (server, proxy, mut old) = working_link().await;
     let received = server.received();
 
     proxy.blackhole();
@@ -167,10 +171,7 @@ async fn a_black_holed_link_delivers_zero_bytes_in_a_second_and_the_client_sees_
 
 #[tokio::test]
 async fn a_reset_gives_the_client_econnreset_and_new_connections_pass() {
-    let server = EchoServer::start(b"").await;
-    let proxy = FaultProxy::start(server.addr);
-    let mut stream = connect(&proxy).await;
-    round_trip(&mut stream, b"x").await;
+    let (_server, proxy, mut stream) = working_link().await;
     proxy.reset();
     let err = read_end(&mut stream).await.expect_err("a reset, not EOF");
     assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
@@ -181,10 +182,7 @@ async fn a_reset_gives_the_client_econnreset_and_new_connections_pass() {
 
 #[tokio::test]
 async fn latency_adds_at_least_the_delay_each_way_and_keeps_the_order() {
-    let server = EchoServer::start(b"").await;
-    let proxy = FaultProxy::start(server.addr);
-    let mut stream = connect(&proxy).await;
-    round_trip(&mut stream, b"warm").await;
+    let (_server, proxy, mut stream) = working_link().await;
 
     proxy.latency(Duration::from_millis(100), Duration::from_millis(20));
     let start = Instant::now();
@@ -220,27 +218,21 @@ async fn latency_adds_at_least_the_delay_each_way_and_keeps_the_order() {
 
 #[tokio::test]
 async fn a_half_close_gives_the_client_eof_while_its_bytes_still_reach_the_server() {
-    let server = EchoServer::start(b"").await;
-    let proxy = FaultProxy::start(server.addr);
-    let mut stream = connect(&proxy).await;
-    round_trip(&mut stream, b"x").await;
+    let (server, proxy, mut stream) = working_link().await;
     proxy.half_close();
     assert_eq!(read_end(&mut stream).await.expect("EOF, not an error"), 0);
     stream
         .write_all(b"0123456789")
         .await
         .expect("the client's side is still open");
-    until(|| server.received() == 11, "the bytes after the half-close").await;
+    until(|| server.received() == 16, "the bytes after the half-close").await;
     let mut next = connect(&proxy).await;
     round_trip(&mut next, b"y").await;
 }
 
 #[tokio::test]
 async fn a_cut_resets_open_and_new_connections_until_it_heals() {
-    let server = EchoServer::start(b"").await;
-    let proxy = FaultProxy::start(server.addr);
-    let mut open = connect(&proxy).await;
-    round_trip(&mut open, b"x").await;
+    let (_server, proxy, mut open) = working_link().await;
 
     proxy.cut_for(Duration::from_millis(500));
     let err = read_end(&mut open).await.expect_err("a reset");
@@ -302,11 +294,8 @@ fn thread_running(port: u16) -> bool {
 
 #[tokio::test]
 async fn dropping_the_proxy_closes_its_connections_ends_its_thread_and_frees_its_port() {
-    let server = EchoServer::start(b"").await;
-    let proxy = FaultProxy::start(server.addr);
+    let (_server, proxy, mut stream) = working_link().await;
     let port = proxy.port();
-    let mut stream = connect(&proxy).await;
-    round_trip(&mut stream, b"x").await;
     proxy.latency(Duration::from_secs(60), Duration::ZERO);
     proxy.heal_after(Duration::from_secs(60));
     assert!(thread_running(port));
