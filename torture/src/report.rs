@@ -179,6 +179,34 @@ impl Row {
         }
     }
 
+    /// The network faults injected and what they cost, as a note: how long each kind lasted in
+    /// all and how many sections ended meanwhile, against the run's mean rate.
+    fn network_costs(&self) -> Option<String> {
+        let injected = self.injected.as_ref()?;
+        let mean = self.findings.sections as f64 / self.took.as_secs_f64().max(1.0);
+        let parts: Vec<String> = injected
+            .network
+            .iter()
+            .filter(|(_, cost)| cost.injected > 0)
+            .map(|(fault, cost)| {
+                let secs = cost.lasted.as_secs_f64();
+                format!(
+                    "{} x{} ({secs:.1} s in all, {} sections ended meanwhile: {:.0}/s)",
+                    fault.name(),
+                    cost.injected,
+                    cost.sections,
+                    cost.sections as f64 / secs.max(0.001)
+                )
+            })
+            .collect();
+        (!parts.is_empty()).then(|| {
+            format!(
+                "network faults: {}; the run's mean {mean:.0} sections/s",
+                parts.join(", ")
+            )
+        })
+    }
+
     fn faults_cell(&self) -> String {
         match self.injected {
             None => "n/a".into(),
@@ -285,6 +313,9 @@ pub(crate) fn render(rows: &[Row]) -> String {
             t.store_errors,
             t.blocked
         );
+        if let Some(line) = row.network_costs() {
+            let _ = writeln!(out, "  - {line}");
+        }
         for expected in &verdict.expected {
             let _ = writeln!(out, "  - expected: {expected}");
         }
@@ -378,6 +409,24 @@ mod tests {
         assert!(r.verdict().violations.is_empty());
         let table = render(&[r]);
         assert!(table.contains("| redlock | 0/0/0 | 0 |"), "{table}");
+    }
+
+    #[test]
+    fn network_costs_are_noted_per_fault() {
+        let mut r = row(Engine::Redis, &[Fault::Partition], Findings::default());
+        assert!(!render(std::slice::from_ref(&r)).contains("network faults"));
+        let injected = r.injected.as_mut().unwrap();
+        let partition = &mut injected.network[0].1;
+        partition.injected = 2;
+        partition.lasted = Duration::from_secs(4);
+        partition.sections = 400;
+        let notes = render(&[r]);
+        assert!(
+            notes.contains(
+                "network faults: partition x2 (4.0 s in all, 400 sections ended meanwhile: 100/s)"
+            ),
+            "{notes}"
+        );
     }
 
     #[test]
