@@ -22,7 +22,7 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 const CHUNK: usize = 16 * 1024;
 
 /// The fault epochs a connection started with (see `Epochs`).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct Seen {
     resets: u64,
     blackholes: u64,
@@ -332,6 +332,11 @@ impl Link<'_> {
             }
             _ = ready(to_server, server) => {}
             _ = ready(to_client, client) => {}
+        }
+        // A fault set meanwhile applies before anything more is written (what was just read
+        // may have come after it).
+        if Seen::now(self.shared) != self.seen {
+            return None;
         }
         if self.to_server.write_due(self.shared, server).is_err() {
             return Some(End::Reset);
