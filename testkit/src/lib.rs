@@ -14,6 +14,8 @@
 //! - `etcd` (feature `etcd`): one member or a cluster, inspected through `etcd-client`.
 //! - [`zookeeper`]: a standalone ZooKeeper under `java`.
 //! - [`holder`]: [`HolderProcess`], a lock holder in its own OS process.
+//! - [`net`]: [`FaultProxy`], one client↔server link with latency, black hole, reset,
+//!   half-close and cut faults.
 //!
 //! The kit panics instead of returning errors: it is test code, where a panic is how a check
 //! fails.
@@ -22,10 +24,12 @@ pub mod cluster;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod holder;
+pub mod net;
 pub mod process;
 pub mod redis;
 pub mod zookeeper;
 
 pub use holder::HolderProcess;
+pub use net::FaultProxy;
 pub use process::TestProcess;
 pub use redis::{RedisKeys, RedisServer};

@@ -15,7 +15,9 @@ usage: torture [--engine ENGINE] [--procs P] [--tasks T] [--seconds S] [--sectio
   --tasks T        tasks per worker, each taking locks in a loop (default 4)
   --seconds S      how long the workers run per engine (default 20)
   --sections N     and until at least N critical sections ended (default 0)
-  --faults LIST    comma-separated: kill, pause, restart, block; or none (default all four)
+  --faults LIST    comma-separated: kill, pause, restart, block, partition, blackhole, latency,
+                   engine-pause; or none (default all); the network faults (partition,
+                   blackhole, latency) apply to redis, redlock, etcd and zookeeper
   --keys K         keys the tasks contend for (default 3)
   --seed N         seed of the fault injector's choices (default: from the clock, printed)
   --mode MODE      exclusive (default): fenced read-modify-writes under the lock;
@@ -152,10 +154,31 @@ pub(crate) enum Fault {
     /// one and a half leases: its lock must stay renewed meanwhile. Done by the workers
     /// themselves, one section in 200, at most one task of a process at a time.
     Block,
+    /// Cut one worker off its engine (every connection reset, every new one refused) for two
+    /// leases, then heal (see `network`).
+    Partition,
+    /// Black-hole one worker's links to its engine (nothing answered, no reset) for two
+    /// leases, then heal: its connections of that time stay silent for good.
+    Blackhole,
+    /// Delay one worker's engine traffic by about a third of the lease each way, with jitter,
+    /// for two leases.
+    Latency,
+    /// SIGSTOP the engine's server (one node of Redlock or Cluster) past the lease, then
+    /// SIGCONT.
+    EnginePause,
 }
 
 impl Fault {
-    pub(crate) const ALL: [Fault; 4] = [Fault::Kill, Fault::Pause, Fault::Restart, Fault::Block];
+    pub(crate) const ALL: [Fault; 8] = [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::Restart,
+        Fault::Block,
+        Fault::Partition,
+        Fault::Blackhole,
+        Fault::Latency,
+        Fault::EnginePause,
+    ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -163,7 +186,17 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::Restart => "restart",
             Fault::Block => "block",
+            Fault::Partition => "partition",
+            Fault::Blackhole => "blackhole",
+            Fault::Latency => "latency",
+            Fault::EnginePause => "engine-pause",
         }
+    }
+
+    /// Whether the fault goes through each worker's own links to the engine (a proxy per
+    /// server: see `network`).
+    pub(crate) fn is_network(self) -> bool {
+        matches!(self, Fault::Partition | Fault::Blackhole | Fault::Latency)
     }
 }
 
@@ -307,7 +340,8 @@ fn parse_faults(list: &str) -> Result<Vec<Fault>, String> {
             .into_iter()
             .find(|f| f.name() == name)
             .ok_or(format!(
-                "unknown fault `{name}`; expected kill, pause, restart, block or none"
+                "unknown fault `{name}`; expected kill, pause, restart, block, partition, \
+                 blackhole, latency, engine-pause or none"
             ))?;
         if !faults.contains(&fault) {
             faults.push(fault);
@@ -456,6 +490,21 @@ mod tests {
         assert!(options.faults.is_empty());
         assert_eq!(options.engines, [Engine::Redis, Engine::ZooKeeper]);
         assert_eq!(options.min_sections, 100_000);
+        let Ok(Command::Run(options)) =
+            parse(&["--faults", "partition,blackhole,latency,engine-pause"])
+        else {
+            panic!("a run");
+        };
+        assert_eq!(
+            options.faults,
+            [
+                Fault::Partition,
+                Fault::Blackhole,
+                Fault::Latency,
+                Fault::EnginePause
+            ]
+        );
+        assert!(options.faults[..3].iter().all(|f| f.is_network()));
     }
 
     #[test]

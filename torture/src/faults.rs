@@ -1,11 +1,13 @@
 //! The fault injector: until the run's end (a time, and a number of sections), every 0.5–2 s
 //! one fault from the list, chosen at random: SIGKILL a worker (and start a new one), SIGSTOP a worker past its lease (and its
-//! ZooKeeper session) then SIGCONT it, or restart the lock engine.
+//! ZooKeeper session) then SIGCONT it, or restart the lock engine; and the network faults
+//! (`network`): cut, black-hole or slow down one worker's links, or SIGSTOP the engine.
 
 use std::time::{Duration, Instant};
 
 use crate::cli::Fault;
 use crate::engine::{LockEngine, Profile};
+use crate::network::{self, Cost};
 use crate::pool::Pool;
 use crate::rng::Rng;
 use crate::store::Store;
@@ -31,7 +33,7 @@ impl RunEnd {
 }
 
 /// What the injector did.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Injected {
     pub(crate) kills: u32,
     pub(crate) pauses: u32,
@@ -40,6 +42,36 @@ pub(crate) struct Injected {
     pub(crate) last: Option<Instant>,
     /// When the last engine restart ended (some engines extend leases then).
     pub(crate) last_restart: Option<Instant>,
+    /// The network faults (partition, blackhole, latency, engine-pause) and what they cost.
+    pub(crate) network: [(Fault, Cost); 4],
+}
+
+impl Default for Injected {
+    fn default() -> Self {
+        Injected {
+            kills: 0,
+            pauses: 0,
+            restarts: 0,
+            last: None,
+            last_restart: None,
+            network: [
+                Fault::Partition,
+                Fault::Blackhole,
+                Fault::Latency,
+                Fault::EnginePause,
+            ]
+            .map(|f| (f, Cost::default())),
+        }
+    }
+}
+
+impl Injected {
+    /// Counts one network fault that lasted from `started` to now, `sections` ended meanwhile.
+    fn record(&mut self, fault: Fault, started: Instant, sections: u64) {
+        if let Some((_, cost)) = self.network.iter_mut().find(|(f, _)| *f == fault) {
+            cost.add(started, sections);
+        }
+    }
 }
 
 /// Injects `faults` into `pool` and `engine` until `end`; also replaces any worker that exited
@@ -74,11 +106,12 @@ pub(crate) async fn inject(
                 injected.restarts,
             );
         }
-        // A blocked thread is the workers' own doing (see `worker`).
+        // A blocked thread is the workers' own doing (see `worker`); a link fault needs the
+        // workers' own links.
         let from_here: Vec<Fault> = faults
             .iter()
             .copied()
-            .filter(|&f| f != Fault::Block)
+            .filter(|&f| f != Fault::Block && network::applies(f, network::kind(engine)))
             .collect();
         if from_here.is_empty() {
             continue;
@@ -98,6 +131,18 @@ pub(crate) async fn inject(
                 injected.last_restart = Some(Instant::now());
             }
             Fault::Block => continue,
+            fault @ (Fault::Partition | Fault::Blackhole | Fault::Latency) => {
+                let (started, before) = (Instant::now(), end.ended().await?);
+                pool.link_fault_one(rng, fault, profile).await;
+                let during = end.ended().await?.saturating_sub(before);
+                injected.record(fault, started, during);
+            }
+            Fault::EnginePause => {
+                let (started, before) = (Instant::now(), end.ended().await?);
+                network::pause_engine(engine, rng, keys, profile.pause()).await;
+                let during = end.ended().await?.saturating_sub(before);
+                injected.record(Fault::EnginePause, started, during);
+            }
         }
         injected.last = Some(Instant::now());
     }

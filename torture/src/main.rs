@@ -17,13 +17,14 @@
 //! row per engine ([`report`]); the exit status is 1 on any violation.
 //!
 //! Layout: [`cli`] (arguments), [`engine`] (servers, leases, restarts, the keys-left check),
-//! [`pool`] (worker processes), [`worker`], [`faults`], [`store`] (counters and log),
-//! [`check`], [`report`].
+//! [`pool`] (worker processes), [`worker`], [`faults`], [`network`] (each worker's links to
+//! the engine, network faults), [`store`] (counters and log), [`check`], [`report`].
 
 mod check;
 mod cli;
 mod engine;
 mod faults;
+mod network;
 mod pool;
 mod report;
 mod rng;
@@ -175,7 +176,14 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
             mode: options.mode,
             block: options.faults.contains(&Fault::Block),
         };
-        let mut pool = Pool::start(template, options.procs)?;
+        // Each worker through links of its own, where a network fault may need them.
+        let links = options
+            .faults
+            .iter()
+            .any(|f| f.is_network())
+            .then(|| network::Links::for_engine(&lock_engine))
+            .flatten();
+        let mut pool = Pool::start(template, options.procs, links)?;
         let faults = (profile, keys.as_slice());
         let injected = inject(
             &mut pool,

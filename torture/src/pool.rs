@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use dlock_testkit::process::{Signal, TestProcess, signal, temp_dir};
 
-use crate::cli::WorkerArgs;
+use crate::cli::{Fault, WorkerArgs};
+use crate::engine::Profile;
+use crate::network::Links;
 use crate::rng::Rng;
 use crate::worker::Tally;
 
@@ -34,13 +36,21 @@ pub(crate) struct Pool {
     next_id: u32,
     workers: Vec<Process>,
     failures: Vec<Failure>,
+    /// Each worker's own links to the engine, where network faults apply (`network`);
+    /// dropped after the workers stopped.
+    links: Option<Links>,
     /// Every worker's log (deleted last).
     dir: tempfile::TempDir,
 }
 
 impl Pool {
-    /// Starts `procs` workers like `template` (numbered from 1).
-    pub(crate) fn start(template: WorkerArgs, procs: usize) -> Result<Pool, String> {
+    /// Starts `procs` workers like `template` (numbered from 1), each through links of its own
+    /// to the engine if `links` is given.
+    pub(crate) fn start(
+        template: WorkerArgs,
+        procs: usize,
+        links: Option<Links>,
+    ) -> Result<Pool, String> {
         let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
         let mut pool = Pool {
             exe,
@@ -48,6 +58,7 @@ impl Pool {
             next_id: 1,
             workers: Vec::new(),
             failures: Vec::new(),
+            links,
             dir: temp_dir("dlock-torture-"),
         };
         for _ in 0..procs {
@@ -59,10 +70,13 @@ impl Pool {
     fn spawn(&mut self) -> Result<(), String> {
         let id = self.next_id;
         self.next_id += 1;
-        let args = WorkerArgs {
+        let mut args = WorkerArgs {
             id,
             ..self.template.clone()
         };
+        if let Some(links) = &mut self.links {
+            args.lock_url = links.url_for(id, &args.lock_url);
+        }
         let mut command = Command::new(&self.exe);
         command.args(args.to_args());
         let log = self.dir.path().join(format!("worker-{id}.log"));
@@ -79,6 +93,7 @@ impl Pool {
         let i = rng.below(self.workers.len());
         let mut worker = self.workers.remove(i);
         worker.process.kill9();
+        self.drop_links(worker.id);
         self.spawn()?;
         Ok(worker.id)
     }
@@ -92,12 +107,34 @@ impl Pool {
         self.workers[i].id
     }
 
+    /// Applies the link fault `fault` to a random worker's links for two leases, then heals
+    /// them (see `network`). Returns its id.
+    pub(crate) async fn link_fault_one(
+        &mut self,
+        rng: &mut Rng,
+        fault: Fault,
+        profile: Profile,
+    ) -> u32 {
+        let id = self.workers[rng.below(self.workers.len())].id;
+        if let Some(links) = &self.links {
+            links.inject(id, fault, profile).await;
+        }
+        id
+    }
+
+    fn drop_links(&mut self, id: u32) {
+        if let Some(links) = &mut self.links {
+            links.remove(id);
+        }
+    }
+
     /// Notes every worker that exited by itself (none should before the stop).
     pub(crate) fn reap_exited(&mut self) {
         let mut i = 0;
         while i < self.workers.len() {
             if let Some(status) = self.workers[i].process.try_wait() {
                 let worker = self.workers.remove(i);
+                self.drop_links(worker.id);
                 self.fail(&worker, format!("exited during the run with {status}"));
                 if let Err(e) = self.spawn() {
                     self.failures.push(Failure {
