@@ -46,9 +46,14 @@ impl Etcd {
     /// Connects to the cluster through `endpoints` (`http://host:port`).
     pub(super) async fn connect(endpoints: &[String], ctx: &Context) -> Result<Self, LockError> {
         let (prefix, timeout) = (ctx.prefix.clone(), ctx.timeout);
+        // HTTP/2 pings every `timeout`, answered within `timeout`, also while idle: a
+        // connection that went silent (a black hole, a frozen member) is closed and made again
+        // instead of failing every request until the kernel gives up on it.
         let options = ConnectOptions::new()
             .with_connect_timeout(timeout)
-            .with_timeout(timeout);
+            .with_timeout(timeout)
+            .with_keep_alive(timeout, timeout)
+            .with_keep_alive_while_idle(true);
         let joined = endpoints.join(",");
         // The client's connection tasks live on a thread of the backend's own (see
         // `io_thread.rs`): a holder blocking its thread must not hold them up.

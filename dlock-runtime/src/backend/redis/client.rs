@@ -128,7 +128,7 @@ impl Client {
             Some(Ok(v)) => Ok(v),
             Some(Err(e)) => {
                 if e.is_timeout() {
-                    self.link.note_timeout();
+                    self.link.note_timeout(self.timeout);
                 }
                 let publish = self.publish_command();
                 match acl::denial(&e.to_string(), script, &self.names, publish) {
@@ -137,7 +137,7 @@ impl Client {
                 }
             }
             None => {
-                self.link.note_timeout();
+                self.link.note_timeout(self.timeout);
                 let elapsed = timed_out(format!("no reply within {:?}", self.timeout));
                 Err(LockError::backend(key, what, Some(elapsed)))
             }

@@ -164,10 +164,13 @@ impl Link {
         }
     }
 
-    /// A call timed out: on Cluster the slot map may be stale (a frozen master failed over).
-    pub(super) fn note_timeout(&self) {
-        if let Self::Cluster(link) = self {
-            link.note_timeout();
+    /// A call timed out after `timeout`: on Cluster the slot map may be stale (a frozen master
+    /// failed over); on one server a connection silent for as long is replaced.
+    pub(super) fn note_timeout(&self, timeout: Duration) {
+        match self {
+            Self::Cluster(link) => link.note_timeout(),
+            Self::Single(_, Some(wire)) => wire.note_timeout(timeout),
+            Self::Single(_, None) => {}
         }
     }
 }

@@ -99,6 +99,12 @@ impl RedisBackend {
         }
     }
 
+    /// A call to this server timed out after `timeout` (a Redlock node's, bounded by the
+    /// fan-out): a connection that delivered nothing for as long is replaced.
+    pub(crate) fn note_timeout(&self, timeout: Duration) {
+        self.client.link.note_timeout(timeout);
+    }
+
     /// The `INFO server` section of this server (Redlock reads the run id and uptime in it to
     /// tell a restarted node).
     pub(crate) async fn server_info(&self) -> Result<String, LockError> {

@@ -90,7 +90,10 @@ impl Nodes {
                 async move {
                     match tokio::time::timeout(self.node_timeout, call).await {
                         Ok(answer) => answer,
-                        Err(_) => Err(self.node_timed_out(i, key)),
+                        Err(_) => {
+                            node.note_timeout(self.node_timeout);
+                            Err(self.node_timed_out(i, key))
+                        }
                     }
                 }
             }))
@@ -141,6 +144,7 @@ impl Nodes {
                 // whole state, each time it is wrapped or polled first.
                 let call = Box::pin(op(i, node.clone()));
                 let timeout = self.node_timeout;
+                let silent = node.clone();
                 // Only for the message of a node that does not answer (made if it does not).
                 let (url, key) = (self.urls[i].clone(), key.cloned());
                 // Unconstrained: tokio's cooperative budget must not keep the first poll from
@@ -154,7 +158,10 @@ impl Nodes {
                     };
                     let answer = match tokio::time::timeout(timeout, call).await {
                         Ok(answer) => answer,
-                        Err(_) => Err(timed_out(&url, timeout, key.as_deref())),
+                        Err(_) => {
+                            silent.note_timeout(timeout);
+                            Err(timed_out(&url, timeout, key.as_deref()))
+                        }
                     };
                     if answer.is_err() {
                         identity.suspect();

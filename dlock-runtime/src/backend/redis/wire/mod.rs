@@ -53,6 +53,11 @@ impl Wire {
         }
     }
 
+    /// A request timed out after `timeout`: a connection silent for as long is replaced.
+    pub(super) fn note_timeout(&self, timeout: Duration) {
+        self.shared.note_timeout(timeout);
+    }
+
     /// Connects now, failing like a request would (for a backend that connects eagerly).
     pub(super) async fn ping(&self) -> RedisResult<()> {
         let ping = redis::cmd("PING");

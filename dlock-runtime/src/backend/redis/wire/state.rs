@@ -7,9 +7,11 @@ use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use redis::{RedisError, RedisResult, Value};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use super::dial::{Target, connect};
 use super::reply::{ReadBuf, protocol_error};
@@ -53,6 +55,11 @@ struct State {
     started: bool,
     /// The last handle is gone.
     closed: bool,
+    /// When the connection up now last delivered a reply (or was made).
+    last_read: Instant,
+    /// A request timed out on a connection that had delivered nothing for as long: the task
+    /// closes it, and the next request opens a new one.
+    silent: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -89,10 +96,35 @@ impl Shared {
                 task: None,
                 started: false,
                 closed: false,
+                last_read: Instant::now(),
+                silent: false,
             }),
             target,
             on_lost,
         })
+    }
+
+    /// A request timed out after `timeout`: if the connection up now has delivered no reply
+    /// for as long while requests wait on it (a peer that reads and never answers: a black
+    /// hole, a frozen server, a dropped NAT entry), it is closed; its requests fail and the
+    /// next one connects again. A connection that answers slowly is kept.
+    pub(super) fn note_timeout(&self, timeout: Duration) {
+        let mut state = self.lock();
+        let silent = matches!(state.phase, Phase::Up(_))
+            && !state.slots.is_empty()
+            && state.last_read.elapsed() >= timeout;
+        if silent && !state.silent {
+            state.silent = true;
+            let task = state.task.take();
+            drop(state);
+            tracing::debug!(
+                ?timeout,
+                "redis connection silent for the request timeout; replacing it"
+            );
+            if let Some(task) = task {
+                task.wake();
+            }
+        }
     }
 
     /// The last handle is gone: the task fails what is in flight and ends.
@@ -268,6 +300,8 @@ async fn run(shared: Arc<Shared>) {
                 Writer::Task
             };
             state.generation += 1;
+            state.last_read = Instant::now();
+            state.silent = false;
             state.phase = Phase::Up(stream.clone());
         }
         let failure = serve(&shared, &stream).await;
@@ -352,6 +386,9 @@ impl Io {
             let mut state = shared.lock();
             if state.closed {
                 return Poll::Ready(dropped("the connection is closed"));
+            }
+            if state.silent {
+                return Poll::Ready(silent());
             }
             let stale = state
                 .task
@@ -472,6 +509,7 @@ impl Io {
         let mut done = Vec::new();
         {
             let mut state = shared.lock();
+            state.last_read = Instant::now();
             for value in self.values.drain(..) {
                 let Some(front) = state.slots.front_mut() else {
                     return Err(protocol_error("a reply no request waits for"));
@@ -509,6 +547,14 @@ fn write_now(stream: &TcpStream, bytes: &[u8]) -> usize {
 /// once (see [`Writer::Caller`]): the server starts on them while the callers still ready to
 /// run queue theirs.
 pub(super) const CALLER_BATCH: usize = 16;
+
+/// The error of the requests on a connection closed for its silence.
+fn silent() -> RedisError {
+    RedisError::from(io::Error::new(
+        io::ErrorKind::TimedOut,
+        "no reply within the request timeout: the connection was closed and is opened again",
+    ))
+}
 
 pub(super) fn dropped(what: &'static str) -> RedisError {
     RedisError::from(io::Error::new(io::ErrorKind::ConnectionReset, what))
