@@ -86,9 +86,24 @@ pub(super) async fn connect(target: &Target) -> RedisResult<TcpStream> {
     }
 }
 
+/// TCP keepalive of the command connection: probes after this long idle,
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// every this long,
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// this many unanswered before the kernel closes it.
+const KEEPALIVE_PROBES: u32 = 3;
+
 async fn connect_once(target: &Target) -> RedisResult<TcpStream> {
     let stream = TcpStream::connect((target.host.as_str(), target.port)).await?;
     stream.set_nodelay(true)?;
+    // A peer gone without a word (a host that vanished, a cut path) is noticed by the kernel
+    // within about a minute even while nothing waits on the connection; one that stays
+    // silent while requests wait is closed sooner (`Shared::note_timeout`).
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
     let mut written = 0;
     while written < target.handshake.len() {
         stream.writable().await?;

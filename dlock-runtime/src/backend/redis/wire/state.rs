@@ -127,6 +127,15 @@ impl Shared {
         }
     }
 
+    /// The socket of the connection up now, if any.
+    #[cfg(test)]
+    pub(super) fn stream(&self) -> Option<Arc<TcpStream>> {
+        match &self.lock().phase {
+            Phase::Up(stream) => Some(stream.clone()),
+            _ => None,
+        }
+    }
+
     /// The last handle is gone: the task fails what is in flight and ends.
     pub(super) fn close(&self) {
         let mut state = self.lock();

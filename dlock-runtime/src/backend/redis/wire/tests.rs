@@ -304,3 +304,64 @@ async fn dropping_the_wire_fails_requests_in_flight() {
     assert!(err.is_connection_dropped(), "{err}");
     drop(sock);
 }
+
+/// A request that timed out on a connection that answered nothing for the timeout closes it:
+/// what waits on it fails, and the next request is served over a new connection (a black
+/// hole, a frozen server).
+#[tokio::test]
+async fn a_connection_silent_for_the_request_timeout_is_replaced() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let wire = wire_to(listener.local_addr().unwrap().port(), 0);
+    let caller = wire.caller();
+    let get = |k: &str| caller.send(Packed::Cmd(redis::cmd("GET").arg(k)), 1, 1);
+    let first = get("a");
+    let mut silent = accept(&listener).await;
+    expect_commands(&mut silent, &[redis::cmd("GET").arg("a")]).await;
+    // The caller's bound ran out; the connection delivered nothing meanwhile.
+    let timeout = Duration::from_millis(100);
+    tokio::time::sleep(timeout).await;
+    wire.note_timeout(timeout);
+    let err = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("failed at once, not left waiting")
+        .unwrap_err();
+    assert!(err.to_string().contains("no reply within"), "{err}");
+    let again = get("b");
+    let mut sock = accept(&listener).await;
+    expect_commands(&mut sock, &[redis::cmd("GET").arg("b")]).await;
+    sock.write_all(b"$1\r\nB\r\n").await.unwrap();
+    assert_eq!(again.await.unwrap(), vec![Value::BulkString(b"B".to_vec())]);
+    drop(silent);
+}
+
+/// A connection that delivered a reply within the timeout is kept when another request
+/// times out (a slow command is not a dead connection).
+#[tokio::test]
+async fn a_connection_that_answered_within_the_timeout_is_kept() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let wire = wire_to(listener.local_addr().unwrap().port(), 0);
+    let caller = wire.caller();
+    let get = |k: &str| caller.send(Packed::Cmd(redis::cmd("GET").arg(k)), 1, 1);
+    let first = get("a");
+    let mut sock = accept(&listener).await;
+    expect_commands(&mut sock, &[redis::cmd("GET").arg("a")]).await;
+    sock.write_all(b"$1\r\nA\r\n").await.unwrap();
+    first.await.unwrap();
+    let slow = get("slow");
+    expect_commands(&mut sock, &[redis::cmd("GET").arg("slow")]).await;
+    wire.note_timeout(Duration::from_secs(60));
+    sock.write_all(b"$1\r\nS\r\n").await.unwrap();
+    assert_eq!(slow.await.unwrap(), vec![Value::BulkString(b"S".to_vec())]);
+}
+
+/// The command connection's socket has TCP keepalive on.
+#[tokio::test]
+async fn the_command_connection_has_tcp_keepalive() {
+    let server = pong_server();
+    let wire = wire_to(server, 0);
+    wire.ping().await.unwrap();
+    let found = wire.shared.stream().expect("connected");
+    let sock = socket2::SockRef::from(&*found);
+    assert!(sock.keepalive().unwrap(), "keepalive off");
+    assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(30));
+}
