@@ -91,14 +91,7 @@ pub(crate) async fn protected<T>(
             key: guard.key().to_owned(),
         });
     };
-    match guard.release().await {
-        Ok(()) => Ok(out),
-        Err(LockError::Lost { key }) if on_lost == OnLost::Cancel => Err(LockError::Lost { key }),
-        Err(err) => {
-            tracing::warn!(error = %err, "release after the protected code failed");
-            Ok(out)
-        }
-    }
+    finish(guard, on_lost, out).await
 }
 
 /// [`protected`] for a multi-key lock: the body runs in a frame holding every key taken fresh,
@@ -134,6 +127,13 @@ async fn protected_all<T>(
             key: lost.map(|h| h.key.clone()).unwrap_or_default(),
         });
     };
+    finish(guard, on_lost, out).await
+}
+
+/// A body that ended with `out`: its lock released and awaited. A release that finds the
+/// lease gone is `Lost` under [`OnLost::Cancel`]; one the engine fails to answer is logged
+/// (the lock expires with its lease).
+async fn finish<T>(guard: LockGuard, on_lost: OnLost, out: T) -> Result<T, LockError> {
     match guard.release().await {
         Ok(()) => Ok(out),
         Err(LockError::Lost { key }) if on_lost == OnLost::Cancel => Err(LockError::Lost { key }),

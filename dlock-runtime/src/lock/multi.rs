@@ -54,15 +54,11 @@ pub(crate) async fn acquire(
         && !lock.mode.is_shared()
         && !keys.iter().any(|k| in_chain(k) || core.hub.has_waiters(k))
     {
-        let user = scope.or(frame.map(|f| f.id)).unwrap_or(0);
+        // (Not fair, tracked from the acquisition: the one-step set is neither.)
         let terms = Terms {
-            lease,
-            renew: lock.watchdog,
-            frame: user,
-            hold: lock.hold_at_least,
-            mode: lock.mode,
             fair: false,
             track_on_wait: false,
+            ..lock.terms(lease, frame, scope)
         };
         match Box::pin(at_once(core, &keys, terms, frame, scope, started)).await {
             Err(err) => {

@@ -2,6 +2,7 @@
 //! `dlock.acquire`, reported to the runtime's observer (a re-entry is not an acquisition).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -80,17 +81,7 @@ async fn acquire_from(
         now = Instant::now();
     }
     let wait = deadline.saturating_duration_since(now);
-    // The frame that uses the hold: the one a scoped acquisition opens, else the caller's.
-    let user = scope.or(frame.map(|f| f.id)).unwrap_or(0);
-    let terms = Terms {
-        lease,
-        renew: lock.watchdog,
-        frame: user,
-        hold: lock.hold_at_least,
-        mode: lock.mode,
-        fair: lock.fair,
-        track_on_wait: lock.track_on_wait,
-    };
+    let terms = lock.terms(lease, frame, scope);
     let held = acquire_fresh(core, lock.key, terms, now, wait).await?;
     // A scoped acquisition's frame is made around the hold by the caller.
     let frame = match scope {
@@ -143,6 +134,27 @@ async fn reenter(
                     }
                 }
             },
+        }
+    }
+}
+
+impl LockBuilder {
+    /// What a fresh acquisition from `frame` asks for, with `lease`; the frame that uses the
+    /// hold is the one a scoped acquisition opens (`scope`), else the caller's.
+    pub(super) fn terms(
+        &self,
+        lease: Duration,
+        frame: Option<&Arc<Frame>>,
+        scope: Option<u64>,
+    ) -> Terms {
+        Terms {
+            lease,
+            renew: self.watchdog,
+            frame: scope.or(frame.map(|f| f.id)).unwrap_or(0),
+            hold: self.hold_at_least,
+            mode: self.mode,
+            fair: self.fair,
+            track_on_wait: self.track_on_wait,
         }
     }
 }
