@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use zookeeper_client::{Client, Error as ZkError, SessionState};
 
 use crate::backend::io_thread::IoThread;
+use crate::backend::url::redact;
 use crate::error::LockError;
 
 /// The ZooKeeper session the runtime goes on with, shared with the background removals of
@@ -110,6 +111,8 @@ impl Session {
             .with_connection_timeout(timeout)
             .with_fail_eagerly();
         let cluster = connect.to_owned();
+        // Messages show the connect string with its credentials hidden.
+        let shown = redact(connect);
         let connecting = io.run(async move { connector.connect(&cluster).await });
         match tokio::time::timeout(timeout, connecting).await {
             Ok(Err(stopped)) => Err(stopped),
@@ -122,16 +125,16 @@ impl Session {
                 Ok(client)
             }
             Ok(Ok(Err(e @ ZkError::BadArguments(_)))) => Err(LockError::config(format!(
-                "bad ZooKeeper connect string `{connect}`: {e}"
+                "bad ZooKeeper connect string `{shown}`: {e}"
             ))),
             Ok(Ok(Err(e))) => Err(zk_error(
                 None,
-                &format!("cannot connect to ZooKeeper {connect}"),
+                &format!("cannot connect to ZooKeeper {shown}"),
                 e,
             )),
             Err(_) => Err(LockError::backend(
                 None,
-                format!("cannot connect to ZooKeeper {connect} within {timeout:?}"),
+                format!("cannot connect to ZooKeeper {shown} within {timeout:?}"),
                 None,
             )),
         }
@@ -288,5 +291,29 @@ impl Session {
             }
         }
         Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// The credentials of a connect string never reach the message of a failed connection.
+    #[tokio::test]
+    async fn a_failed_connection_does_not_show_the_password() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let err = crate::runtime::Runtime::builder()
+            .zookeeper(format!("u:s3cret@127.0.0.1:{port}"))
+            .timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .map(drop)
+            .expect_err("nothing listens there");
+        let shown = format!("{err} {err:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("127.0.0.1"), "{shown}");
     }
 }
