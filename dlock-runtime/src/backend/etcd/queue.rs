@@ -59,6 +59,26 @@ impl Queue {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Records `owner`'s contender (its key `contender_key` on `lease`) before the key is
+    /// written: a cancelled attempt's compensating release finds it.
+    pub(super) fn record(
+        &self,
+        owner: &str,
+        contender_key: &str,
+        lease: i64,
+        shared: Option<Arc<SharedLease>>,
+    ) {
+        self.contenders().insert(
+            owner.to_owned(),
+            Contender {
+                lease,
+                key: contender_key.to_owned(),
+                shared,
+                holding: false,
+            },
+        );
+    }
+
     /// The lease a new contender's key is attached to: the runtime's shared lease for a
     /// renewed lock, a lease of its own for a hard-capped one (granted now: `confirmed` is the
     /// grant's send time).
@@ -187,17 +207,7 @@ impl Queue {
         let mut retried = false;
         let (lease_id, shared, granted_at, my_revision, first) = loop {
             let (lease_id, shared, granted_at) = self.contender_lease(key, ask).await?;
-            // Known before the key is written: a cancelled attempt's compensating release
-            // finds it.
-            self.contenders().insert(
-                owner.to_owned(),
-                Contender {
-                    lease: lease_id,
-                    key: contender_key.clone(),
-                    shared: shared.clone(),
-                    holding: false,
-                },
-            );
+            self.record(owner, &contender_key, lease_id, shared.clone());
             let contender = contender_key.as_str();
             match self
                 .etcd

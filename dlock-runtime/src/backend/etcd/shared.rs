@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::client::ttl_seconds;
 use super::lease;
-use super::queue::{Contender, Queue};
+use super::queue::Queue;
 use crate::backend::io_thread::AbortOnDrop;
 use crate::backend::mode::{Mode, Position, shared_holds};
 use crate::backend::{Attempt, Queued, Queueing};
@@ -29,15 +29,7 @@ pub(super) async fn queue(
 ) -> Result<Queued, LockError> {
     let contender_key = queue.etcd.contender_key(key, owner);
     let (lease_id, shared, granted_at) = queue.contender_lease(key, ask).await?;
-    queue.contenders().insert(
-        owner.to_owned(),
-        Contender {
-            lease: lease_id,
-            key: contender_key.clone(),
-            shared: shared.clone(),
-            holding: false,
-        },
-    );
+    queue.record(owner, &contender_key, lease_id, shared.clone());
     let contender = contender_key.as_str();
     let (my_revision, _) = queue
         .etcd

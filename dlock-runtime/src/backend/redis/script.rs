@@ -10,12 +10,19 @@ use redis::Script;
 
 use crate::backend::Attempt;
 
-/// The sources, each with its comment block (KEYS, ARGV, return values).
-pub(crate) const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
+/// The sources, each with its comment block (KEYS, ARGV, return values); the scripts that
+/// reserve a block of fencing tokens start with `lua/fence_block.lua`, the one copy of it.
+pub(crate) const ACQUIRE_LUA: &str = concat!(
+    include_str!("lua/fence_block.lua"),
+    include_str!("lua/acquire.lua")
+);
 pub(crate) const FLOOR_LUA: &str = include_str!("lua/floor.lua");
 pub(crate) const RENEW_LUA: &str = include_str!("lua/renew.lua");
 pub(crate) const RELEASE_LUA: &str = include_str!("lua/release.lua");
-pub(crate) const EXTEND_LUA: &str = include_str!("lua/extend.lua");
+pub(crate) const EXTEND_LUA: &str = concat!(
+    include_str!("lua/fence_block.lua"),
+    include_str!("lua/extend.lua")
+);
 pub(crate) const HOLD_LUA: &str = include_str!("lua/hold.lua");
 pub(crate) const FORCE_UNLOCK_LUA: &str = include_str!("lua/force_unlock.lua");
 pub(crate) const INSPECT_LUA: &str = include_str!("lua/inspect.lua");
@@ -25,7 +32,10 @@ pub(crate) const PERMIT_ACQUIRE_LUA: &str = include_str!("lua/permit_acquire.lua
 pub(crate) const PERMIT_RELEASE_LUA: &str = include_str!("lua/permit_release.lua");
 pub(crate) const SHARED_RENEW_LUA: &str = include_str!("lua/shared_renew.lua");
 pub(crate) const ACQUIRE_ALL_LUA: &str = include_str!("lua/acquire_all.lua");
-pub(crate) const FAIR_ACQUIRE_LUA: &str = include_str!("lua/fair_acquire.lua");
+pub(crate) const FAIR_ACQUIRE_LUA: &str = concat!(
+    include_str!("lua/fence_block.lua"),
+    include_str!("lua/fair_acquire.lua")
+);
 pub(crate) const FAIR_LEAVE_LUA: &str = include_str!("lua/fair_leave.lua");
 
 /// One script: its name (for messages), source and SHA1.
@@ -220,6 +230,15 @@ mod tests {
         }
         keep_command(large);
         assert!(SPARE.with(|spare| spare.take().is_none()));
+    }
+
+    #[test]
+    fn the_scripts_that_reserve_fences_share_one_copy_of_the_reservation() {
+        for src in [ACQUIRE_LUA, EXTEND_LUA, FAIR_ACQUIRE_LUA] {
+            assert!(src.starts_with(include_str!("lua/fence_block.lua")));
+            assert_eq!(src.matches("'INCRBY'").count(), 1, "{src}");
+            assert!(src.contains("return reserve_block(KEYS[2], ARGV[5], ARGV[4], ARGV[3]"));
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 -- Acquire a lock while waiting for it (the first attempt is the plain pipeline in
--- `mod.rs`), idempotent per owner token; when it is held by somebody else, flag it so that
--- its release notifies.
+-- `exclusive.rs`), idempotent per owner token; when it is held by somebody else, flag it so
+-- that its release notifies.
 --
 -- KEYS[1]  lock `<prefix>{<key>}`: a string, the owner token, with `+` appended once somebody
 --          outside the holder's process waits (the release then publishes; without it, it
@@ -72,15 +72,7 @@ elseif held ~= false and string.sub(held, 1, 1) == '~' then
   end
 end
 if held == false or held == ARGV[1] or held == ARGV[1] .. '+' then
-  local fence = redis.call('INCRBY', KEYS[2], ARGV[5])
-  if fence < tonumber(ARGV[4]) then
-    local now = redis.call('TIME')
-    fence = math.max(fence, tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[5]))
-    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
-  else
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  end
-  return fence
+  return reserve_block(KEYS[2], ARGV[5], ARGV[4], ARGV[3])
 end
 -- Readers hold: mark a writer waiting (new readers queue behind it until then), flagged so
 -- that the last reader's release notifies, and look again before the mark lapses.

@@ -24,15 +24,7 @@
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local fence = redis.call('INCRBY', KEYS[2], ARGV[5])
-  if fence < tonumber(ARGV[4]) then
-    local now = redis.call('TIME')
-    fence = math.max(fence, tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[5]))
-    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
-  else
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  end
-  return fence
+  return reserve_block(KEYS[2], ARGV[5], ARGV[4], ARGV[3])
 end
 if held == ARGV[1] .. '+' then
   -- Reserved for the first runtime in line, as release.lua does.

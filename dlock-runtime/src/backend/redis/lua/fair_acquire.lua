@@ -54,14 +54,7 @@ if ours or (free and (first == false or first == ARGV[1])) then
   redis.call('SET', KEYS[1], flagged and ARGV[1] .. '+' or ARGV[1], 'PX', ARGV[2])
   redis.call('LREM', KEYS[3], 0, ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
-  local fence = redis.call('INCRBY', KEYS[2], ARGV[5])
-  if fence < tonumber(ARGV[4]) then
-    fence = math.max(fence, tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[5]))
-    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
-  else
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  end
-  return fence
+  return reserve_block(KEYS[2], ARGV[5], ARGV[4], ARGV[3], now)
 end
 -- Join the line (or keep the place): the queue and the places live as long as a place does.
 -- A place of 0 is a try without waiting: it does not join.
