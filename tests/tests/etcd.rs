@@ -1277,25 +1277,25 @@ async fn unreachable_endpoints_are_backend_errors_within_the_timeout() {
 
 /// Range requests the member at `endpoint` (`http://127.0.0.1:<port>`) has served so far,
 /// from its `/metrics` (`grpc_server_handled_total` of `Range`).
-fn ranges_served(endpoint: &str) -> u64 {
-    calls(endpoint, "grpc_server_handled_total", &["Range"])
+async fn ranges_served(endpoint: &str) -> u64 {
+    calls(endpoint, "grpc_server_handled_total", &["Range"]).await
 }
 
 /// The server's count `metric` (from `/metrics`) summed over the gRPC methods `methods`.
-fn calls(endpoint: &str, metric: &str, methods: &[&str]) -> u64 {
-    use std::io::{Read, Write};
-    let address = endpoint.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(address).expect("connect to /metrics");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("read timeout");
-    write!(
-        stream,
-        "GET /metrics HTTP/1.0\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request /metrics");
-    let mut body = String::new();
-    stream.read_to_string(&mut body).expect("read /metrics");
+async fn calls(endpoint: &str, metric: &str, methods: &[&str]) -> u64 {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("an HTTP client");
+    let body = client
+        .get(format!("{endpoint}/metrics"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("read /metrics");
     body.lines()
         .filter(|l| {
             l.starts_with(&format!("{metric}{{"))
@@ -1329,11 +1329,11 @@ async fn uncontended_acquire_and_release_are_one_request_each() {
         "LeaseRevoke",
         "LeaseTimeToLive",
     ];
-    let before = blocking(|| calls(&endpoint, "grpc_server_started_total", &methods));
+    let before = calls(&endpoint, "grpc_server_started_total", &methods).await;
     for _ in 0..PAIRS {
         rt.lock(key).cycled("acquire and release").await;
     }
-    let used = blocking(|| calls(&endpoint, "grpc_server_started_total", &methods)) - before;
+    let used = calls(&endpoint, "grpc_server_started_total", &methods).await - before;
     println!("{PAIRS} uncontended pairs: {used} requests");
     assert_eq!(
         used,
@@ -1359,10 +1359,10 @@ async fn waiter_behind_the_holder_acquires_on_the_deletion_event() {
         wait_for_queue(&etcd, key, 2, Duration::from_secs(5)).await;
         // Past the waiter's lookup and its watch on the holder's key.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let before = blocking(|| ranges_served(&endpoint));
+        let before = ranges_served(&endpoint).await;
         holder.release().await.expect("release");
         let (guard, _) = waiter_got_it(waiter, Duration::from_secs(5), "released").await;
-        let ranges = blocking(|| ranges_served(&endpoint)) - before;
+        let ranges = ranges_served(&endpoint).await - before;
         println!("round {round}: {ranges} range reads from the release to the next holder");
         counts.push(ranges);
         guard.release().await.expect("release by the waiter");

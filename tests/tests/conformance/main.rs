@@ -3,10 +3,11 @@
 //! `conformance::<engine>::<behaviour>` (e.g.
 //! `conformance::redis::mutual_exclusion_with_many_contenders`), so
 //! `cargo test -p dlock-tests --test conformance etcd::` runs one engine and
-//! `cargo test -p dlock-tests --test conformance fences` one behaviour everywhere. (The
-//! `conformance::` prefix, `conformance_shared::` for read-write locks and semaphores, lets
-//! `scripts/test` run the suite on its own, four tests at a time: its tests spend most of
-//! their time waiting on leases and on servers of their own.)
+//! `cargo test -p dlock-tests --test conformance fences` one behaviour everywhere
+//! (`conformance_shared::` for read-write locks and semaphores). `scripts/test` runs the suite
+//! with every other test under cargo-nextest, many at once: its tests spend most of their time
+//! waiting on leases and on servers of their own (`.config/nextest.toml` caps how many
+//! ZooKeeper, etcd and Cluster tests run together).
 //!
 //! Each test starts its own servers ([`fixture::Fixture`]) and connects several runtimes to
 //! them; separate runtimes stand for separate processes (on the memory engine, whose state

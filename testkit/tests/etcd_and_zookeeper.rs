@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_tests::etcd::{EtcdCluster, EtcdServer};
-use dlock_tests::zookeeper::{MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT, ZooKeeperServer};
+use dlock_testkit::etcd::{EtcdCluster, EtcdServer};
+use dlock_testkit::zookeeper::{MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT, ZooKeeperServer};
 
 /// How long the members of a 3-member etcd cluster may take to agree on a leader after a fault:
 /// about 1–2 s on an idle box (1 s election timeout), much more on a loaded one. A bound, not
