@@ -14,6 +14,9 @@
 //! - `etcd` (feature `etcd`): one member or a cluster, inspected through `etcd-client`.
 //! - [`zookeeper`]: a standalone ZooKeeper under `java`.
 //! - [`holder`]: [`HolderProcess`], a lock holder in its own OS process.
+//! - [`limits`]: each engine's limits the tests count on (short lease, dead-holder bound,
+//!   restart extension, wake bound), one table for the conformance suite and the torture
+//!   program.
 //!
 //! The kit panics instead of returning errors: it is test code, where a panic is how a check
 //! fails.
@@ -22,6 +25,7 @@ pub mod cluster;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod holder;
+pub mod limits;
 pub mod process;
 pub mod redis;
 pub mod zookeeper;
