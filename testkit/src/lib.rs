@@ -14,6 +14,9 @@
 //! - `etcd` (feature `etcd`): one member or a cluster, inspected through `etcd-client`.
 //! - [`zookeeper`]: a standalone ZooKeeper under `java`.
 //! - [`holder`]: [`HolderProcess`], a lock holder in its own OS process.
+//! - [`limits`]: each engine's limits the tests count on (short lease, dead-holder bound,
+//!   restart extension, wake bound), one table for the conformance suite and the torture
+//!   program.
 //! - [`net`]: [`FaultProxy`], one client↔server link with latency, black hole, reset,
 //!   half-close and cut faults.
 //!
@@ -24,6 +27,7 @@ pub mod cluster;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod holder;
+pub mod limits;
 pub mod net;
 pub mod process;
 pub mod redis;

@@ -38,7 +38,7 @@ pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub use dlock_testkit::redis::{
     REDIS_SERVER_ENV, fence_key, lock_key, released_channel, script_calls_in, turns_key,
 };
-pub use dlock_testkit::{HolderProcess, RedisKeys, RedisServer, cluster, etcd, zookeeper};
+pub use dlock_testkit::{HolderProcess, RedisKeys, RedisServer, cluster, etcd, limits, zookeeper};
 
 /// Which engine a [`Backend`] runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

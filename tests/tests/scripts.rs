@@ -54,12 +54,22 @@ async fn acquire(
 }
 
 async fn release(conn: &mut redis::aio::MultiplexedConnection, key: &str, owner: &str) -> i64 {
+    release_reserving(conn, key, owner, 50).await
+}
+
+/// [`release`], a flagged lock reserved for `reserve_ms` instead of the runtime's 50 ms.
+async fn release_reserving(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    owner: &str,
+    reserve_ms: u64,
+) -> i64 {
     Script::new(RELEASE)
         .key(lock_key(key))
         .key(turns_key(key))
         .arg(owner)
         .arg("PUBLISH")
-        .arg(50)
+        .arg(reserve_ms)
         .invoke_async(conn)
         .await
         .unwrap()
@@ -710,8 +720,8 @@ async fn a_fair_writer_takes_the_writers_turn_in_line() {
 /// Leaves `key` reserved after A's flagged release, and flagged by a waiter for whom the
 /// reservation is not: for every runtime but A's (`~<a>+`, flagged by C of A's runtime) when
 /// `for_all`, else for B's runtime, first in line (`><b>+`, flagged by D). Returns the
-/// reservation; it lasts 10 s (a release reserves 50 ms), for the steps that follow on a loaded
-/// machine.
+/// reservation; A's release reserves it for 10 s (the runtime's own reserve 50 ms, which a
+/// loaded machine can let lapse before the next request), for the steps that follow.
 async fn a_flagged_reservation(
     server: &RedisServer,
     conn: &mut redis::aio::MultiplexedConnection,
@@ -724,10 +734,7 @@ async fn a_flagged_reservation(
         // Nobody in line: the release reserves the key for every runtime but A's.
         let () = server.query(redis::cmd("DEL").arg(turns_key(key))).await;
     }
-    assert_eq!(release(conn, key, A).await, 1);
-    let () = server
-        .query(redis::cmd("PEXPIRE").arg(lock_key(key)).arg(10_000))
-        .await;
+    assert_eq!(release_reserving(conn, key, A, 10_000).await, 1);
     let waiter = if for_all { C } else { D };
     assert!(
         write_attempt(conn, key, waiter).await < 0,

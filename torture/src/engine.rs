@@ -8,6 +8,7 @@ use dlock_runtime::{LockGuard, Runtime};
 use dlock_testkit::RedisServer;
 use dlock_testkit::cluster::RedisCluster;
 use dlock_testkit::etcd::EtcdServer;
+use dlock_testkit::limits;
 use dlock_testkit::redis::lock_key;
 use dlock_testkit::zookeeper::ZooKeeperServer;
 
@@ -17,58 +18,32 @@ use crate::rng::Rng;
 /// Redlock's per-node timeout: a node slowed down by a loaded machine is not a missing vote.
 const REDLOCK_NODE_TIMEOUT: &str = "250ms";
 
-/// ZooKeeper's session timeout: its dead-holder bound (the server grants it: the test server's
-/// minimum is 400 ms).
-const ZK_SESSION: Duration = Duration::from_secs(2);
-
 /// Bound on a restarted cluster node's cluster being healthy again.
 const CLUSTER_OK_WITHIN: Duration = Duration::from_secs(30);
 
-/// etcd's default election timeout, which the test servers keep.
-const ETCD_ELECTION_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How the workers lock on an engine, and the bounds the checks rely on.
+/// How the workers lock on an engine, and the bounds the checks rely on (from the engine's row
+/// of the test kit's table of limits).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Profile {
-    /// The lease of every lock (renewed by the watchdog every third of it).
+    /// The lease of every lock (renewed by the watchdog every third of it): the engine's
+    /// `contended_lease`.
     pub(crate) lease: Duration,
-    /// How long `with_lock` waits for a busy key.
+    /// How long `with_lock` waits for a busy key: two leases.
     pub(crate) wait: Duration,
     /// After this long a dead holder's lock is free: the lease, or ZooKeeper's session.
     pub(crate) dead_holder: Duration,
-    /// How much longer a dead holder's lock may live when the engine restarts: etcd's new
-    /// leader extends every lease by its election timeout (1 s by default), so a 2 s lease of
-    /// a holder killed just before a restart was measured alive 3.1-3.4 s after it.
+    /// How much longer a dead holder's lock may live when the engine restarts (etcd).
     pub(crate) restart_extends: Duration,
 }
 
 impl Profile {
     pub(crate) fn of(engine: Engine) -> Profile {
-        let one_second = Profile {
-            lease: Duration::from_secs(1),
-            wait: Duration::from_secs(2),
-            dead_holder: Duration::from_secs(1),
-            restart_extends: Duration::ZERO,
-        };
-        let two_seconds = Profile {
-            lease: Duration::from_secs(2),
-            wait: Duration::from_secs(4),
-            dead_holder: Duration::from_secs(2),
-            restart_extends: Duration::ZERO,
-        };
-        match engine {
-            Engine::Memory | Engine::Redis | Engine::Cluster => one_second,
-            // The validity must stay above half the lease after a vote bounded by the node
-            // timeout; etcd's server minimum TTL is 2 s.
-            Engine::Redlock => two_seconds,
-            Engine::Etcd => Profile {
-                restart_extends: ETCD_ELECTION_TIMEOUT,
-                ..two_seconds
-            },
-            Engine::ZooKeeper => Profile {
-                dead_holder: ZK_SESSION,
-                ..two_seconds
-            },
+        let row = limits::of(engine.name());
+        Profile {
+            lease: row.contended_lease,
+            wait: 2 * row.contended_lease,
+            dead_holder: row.dead_holder,
+            restart_extends: row.restart_extends,
         }
     }
 
@@ -137,7 +112,11 @@ impl LockEngine {
             }
             LockEngine::Etcd(etcd) => etcd.url(),
             LockEngine::ZooKeeper(zk) => {
-                format!("{}?session_timeout={}ms", zk.url(), ZK_SESSION.as_millis())
+                format!(
+                    "{}?session_timeout={}ms",
+                    zk.url(),
+                    limits::ZOOKEEPER_SESSION.as_millis()
+                )
             }
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use dlock_runtime::testing::zookeeper_segment;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::etcd::EtcdServer;
+use dlock_tests::limits::{self, EngineLimits};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{RedisKeys, RedisServer, Runtime, eventually, lock_key, released_channel};
 
@@ -26,18 +27,24 @@ pub(crate) enum Engine {
     ZooKeeper,
 }
 
-/// What differs between engines by their documented limits; the behaviours do not.
+/// What differs between engines by their documented limits (the lease, dead-holder and wake
+/// bounds from the test kit's table, [`limits`]); the behaviours do not.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Params {
-    /// The shortest lease the lease tests use: 1 s, except etcd (whole seconds, raised to a
-    /// 2 s server minimum) and ZooKeeper (renewal checks its session), 2 s.
+    /// The shortest lease the lease tests use: the engine's `short_lease` (1 s; 2 s on etcd and
+    /// ZooKeeper).
     pub(crate) short_lease: Duration,
-    /// How long the watchdog test holds a `short_lease` lock: several leases.
+    /// How long the watchdog test holds a `short_lease` lock: several leases (4 s more than one).
     pub(crate) hold_for: Duration,
-    /// Bound on a waiter holding the key after a release (the holder's lease is 30 s).
+    /// Bound on a waiter holding the key after a release (the holder's lease is 30 s): the
+    /// engine's `wake_within`.
     pub(crate) wake_within: Duration,
     /// Whether `fence()` is a token: everywhere but Redlock, where it is `None`.
     pub(crate) fences: bool,
+    /// Whether `inspect` shows a holder's own fence: on the engines that can tell the holder's
+    /// token (memory: the entry's, etcd: create revision, ZooKeeper: czxid), not on the Redis
+    /// engines (their counter runs ahead of the holder's token) nor Redlock (no fences).
+    pub(crate) inspect_shows_fence: bool,
     /// The lease of a lock held when the engine goes down: 2 s; 3 s on etcd (whole seconds,
     /// above its 2 s minimum); on ZooKeeper 30 s, since there the session bounds a loss, not
     /// the lease. (The memory engine cannot go down.)
@@ -51,46 +58,39 @@ pub(crate) struct Params {
 
 /// The longest session the ZooKeeper server of [`Fixture::start_for_faults`] grants (its
 /// `maxSessionTimeout`), while the runtimes ask for the default 10 s.
-const ZK_DOWN_SESSION: Duration = Duration::from_secs(2);
+const ZK_DOWN_SESSION: Duration = limits::ZOOKEEPER_SESSION;
 
 /// Redlock's per-node timeout in these tests: a slow node on a loaded box must not turn into
 /// a missing vote.
 const REDLOCK_NODE_TIMEOUT: &str = "500ms";
 
 impl Engine {
+    /// The engine's row of the test kit's table of limits (named as its module in the suite:
+    /// `Engine::ZooKeeper` is `zookeeper`).
+    pub(crate) fn limits(self) -> EngineLimits {
+        limits::of(&format!("{self:?}").to_lowercase())
+    }
+
     pub(crate) fn params(self) -> Params {
-        let one_second = Params {
-            short_lease: Duration::from_secs(1),
-            hold_for: Duration::from_secs(5),
-            wake_within: Duration::from_millis(200),
-            fences: true,
-            down_lease: Duration::from_secs(2),
-            lost_within: Duration::from_millis(3500),
+        let limits = self.limits();
+        let (down_lease, lost_within) = match self {
+            Engine::Memory | Engine::Redis | Engine::Cluster | Engine::Redlock => {
+                (Duration::from_secs(2), Duration::from_millis(3500))
+            }
+            Engine::Etcd => (Duration::from_secs(3), Duration::from_millis(3700)),
+            Engine::ZooKeeper => (
+                Duration::from_secs(30),
+                ZK_DOWN_SESSION + Duration::from_millis(700),
+            ),
         };
-        match self {
-            Engine::Memory | Engine::Redis => one_second,
-            Engine::Cluster => Params {
-                wake_within: Duration::from_millis(500),
-                ..one_second
-            },
-            Engine::Redlock => Params {
-                wake_within: Duration::from_millis(500),
-                fences: false,
-                ..one_second
-            },
-            Engine::Etcd => Params {
-                short_lease: Duration::from_secs(2),
-                hold_for: Duration::from_secs(6),
-                wake_within: Duration::from_millis(500),
-                down_lease: Duration::from_secs(3),
-                lost_within: Duration::from_millis(3700),
-                ..one_second
-            },
-            Engine::ZooKeeper => Params {
-                down_lease: Duration::from_secs(30),
-                lost_within: ZK_DOWN_SESSION + Duration::from_millis(700),
-                ..Engine::Etcd.params()
-            },
+        Params {
+            short_lease: limits.short_lease,
+            hold_for: limits.short_lease + Duration::from_secs(4),
+            wake_within: limits.wake_within,
+            fences: self != Engine::Redlock,
+            inspect_shows_fence: matches!(self, Engine::Memory | Engine::Etcd | Engine::ZooKeeper),
+            down_lease,
+            lost_within,
         }
     }
 }

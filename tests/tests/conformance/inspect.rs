@@ -14,15 +14,10 @@ use dlock_tests::{AcquireExt, eventually, lock_key, waiter_got_it};
 /// How many characters of the owner token a `LockInfo` shows, before its `…`.
 const OWNER_SHOWN: usize = 8;
 
-/// The fence `inspect` shows for a holder whose guard has `fence`: the same on the engines
-/// that can tell the holder's own token (memory: the entry's, etcd: create revision,
-/// ZooKeeper: czxid), none on the Redis engines (their counter runs ahead of the holder's
-/// token) and Redlock (no fences).
+/// The fence `inspect` shows for a holder whose guard has `fence` (see
+/// [`Params::inspect_shows_fence`](crate::fixture::Params::inspect_shows_fence)).
 fn shown_fence(engine: Engine, fence: Option<u64>) -> Option<u64> {
-    match engine {
-        Engine::Memory | Engine::Etcd | Engine::ZooKeeper => fence,
-        Engine::Redis | Engine::Cluster | Engine::Redlock => None,
-    }
+    fence.filter(|_| engine.params().inspect_shows_fence)
 }
 
 /// Checks what `info` shows of a lock on `key` held for `LONG_LEASE`.
