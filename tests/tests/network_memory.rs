@@ -82,6 +82,12 @@ async fn growth_per_attempt(rt: &Runtime, key: &str, what: &str) -> u64 {
 /// attempt sends one acquire and up to five compensating releases: measured 1,250 bytes).
 const BOUND_PER_ATTEMPT: u64 = 400;
 
+/// The same bound through the black hole, where each failed attempt also leaves background
+/// releases retrying while the engine does not answer (a backlog that ends, not a leak): with
+/// dead connections replaced, 0-600 bytes per attempt were measured on a loaded machine;
+/// keeping the reply slot of every request that timed out measured 1,250-1,650.
+const BOUND_IN_BLACK_HOLE: u64 = 1_000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_runtime_memory_stays_bounded_through_many_attempts_in_a_black_hole() {
     let server = RedisServer::start();
@@ -102,8 +108,8 @@ async fn redis_runtime_memory_stays_bounded_through_many_attempts_in_a_black_hol
         "{working} bytes per refused attempt on a working link"
     );
     assert!(
-        black_holed <= BOUND_PER_ATTEMPT,
+        black_holed <= BOUND_IN_BLACK_HOLE,
         "the resident set grew by {black_holed} bytes per attempt that timed out in the black \
-         hole (bound {BOUND_PER_ATTEMPT}): requests that timed out are kept"
+         hole (bound {BOUND_IN_BLACK_HOLE}): requests that timed out are kept"
     );
 }
