@@ -122,19 +122,19 @@ impl RedisCluster {
             let () = self.admin(i, redis::cmd("CLUSTER").arg("SET-CONFIG-EPOCH").arg(i + 1));
         }
         for j in 1..self.nodes.len() {
-            self.meet(j).unwrap_or_else(|e| panic!("{e}"));
+            let (port, bus_port) = (self.nodes[j].port, self.nodes[j].bus_port);
+            let () = self.admin(
+                0,
+                redis::cmd("CLUSTER")
+                    .arg("MEET")
+                    .arg("127.0.0.1")
+                    .arg(port)
+                    .arg(bus_port),
+            );
         }
         let deadline = Instant::now() + FORM_WITHIN;
-        // Every node must know the others before a replica can name its master. A handshake
-        // that does not complete within the node timeout (a loaded machine) is dropped by Redis
-        // for good: node 0 meets again whoever it no longer sees, not even in handshake.
-        self.form_until(deadline, "meet", |cluster| {
-            let everyone = cluster.everyone_knows_everyone();
-            if everyone.is_err() {
-                cluster.meet_again()?;
-            }
-            everyone
-        });
+        // Every node must know the others before a replica can name its master.
+        self.form_until(deadline, "meet", RedisCluster::everyone_knows_everyone);
         for r in MASTERS..2 * MASTERS {
             let master = self.nodes[r - MASTERS].id.clone();
             self.form_until(deadline, "replicate", |cluster| {
@@ -163,31 +163,6 @@ impl RedisCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    /// Node 0 meets node `j` (`CLUSTER MEET` with its client and bus ports).
-    fn meet(&self, j: usize) -> Result<(), String> {
-        let (port, bus_port) = (self.nodes[j].port, self.nodes[j].bus_port);
-        self.query_sync::<()>(
-            0,
-            redis::cmd("CLUSTER")
-                .arg("MEET")
-                .arg("127.0.0.1")
-                .arg(port)
-                .arg(bus_port),
-        )
-        .map_err(|e| format!("CLUSTER MEET of node {j} on node 0: {e}"))
-    }
-
-    /// Meets again every node that node 0 lists neither as known nor in handshake.
-    fn meet_again(&self) -> Result<(), String> {
-        let views = self.nodes_view_sync(0)?;
-        for j in 1..self.nodes.len() {
-            if !views.iter().any(|v| v.port == self.nodes[j].port) {
-                self.meet(j)?;
-            }
-        }
-        Ok(())
     }
 
     fn everyone_knows_everyone(&self) -> Result<(), String> {
