@@ -136,7 +136,7 @@ fn release_on_own_runtime(
                 .map_err(|_| "connecting timed out".to_owned())?
                 .map_err(|e| e.to_string())?,
         };
-        let ending = super::end_in_engine(backend.as_ref(), key, owner, hold_until);
+        let ending = super::end::end_in_engine(backend.as_ref(), key, owner, hold_until);
         tokio::time::timeout(timeout, ending)
             .await
             .map_err(|_| "the release timed out".to_owned())?

@@ -11,30 +11,15 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::backend::{AnyBackend, Backend, Released, Wakeups};
-use crate::error::LockError;
-use crate::lease::hold_left;
+use crate::backend::{AnyBackend, Released, Wakeups};
 
+mod end;
 mod last_resort;
+pub(crate) use end::end_in_engine;
 pub(crate) use last_resort::LastResort;
 
 /// Attempts of a release scheduled from `Drop` or after a cancelled acquire.
 const BACKGROUND_RELEASE_ATTEMPTS: u32 = 5;
-
-/// Ends `owner`'s hold on `key` in the engine: a release, or, while a `hold_at_least` that
-/// keeps the key until `hold_until` lasts, [`release_after`](crate::backend::Backend::release_after)
-/// with what remains of it.
-pub(crate) async fn end_in_engine(
-    backend: &AnyBackend,
-    key: &str,
-    owner: &str,
-    hold_until: Option<Instant>,
-) -> Result<Released, LockError> {
-    match hold_left(hold_until) {
-        Some(left) => backend.release_after(key, owner, left).await,
-        None => backend.release(key, owner).await,
-    }
-}
 
 /// A runtime's background releases: its engine, the local waiters to wake once a key is
 /// free, the tokio handle the releases run on, and the last resort behind it.

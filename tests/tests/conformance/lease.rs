@@ -177,10 +177,10 @@ pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine)
 
 /// Runs `holder` (given a flag to set once it holds `key`, and one to set when it is done) as
 /// a task, which blocks one worker of the test's runtime, while a checker asserts every 250 ms
-/// that another runtime of `fixture` finds `key` busy. The checker has a thread and a tokio
-/// runtime of its own: a worker blocked by the holder may be the one that was serving the test
-/// runtime's timers and sockets (tokio leaves them to the worker that parked last), which then
-/// wait until another worker parks. Then asserts that the holder returned `Ok(7)` (no loss),
+/// that another runtime of `fixture` finds `key` busy until the holder is done. The checker has
+/// a thread and a tokio runtime of its own: a worker blocked by the holder may be the one that
+/// was serving the test runtime's timers and sockets (tokio leaves them to the worker that
+/// parked last), which then wait until another worker parks. Then asserts that the holder returned `Ok(7)` (no loss),
 /// that the checker ran at least 10 times, and that `key` is free for `other`.
 async fn while_blocking<F>(
     fixture: &Fixture,
@@ -216,7 +216,20 @@ async fn while_blocking<F>(
                         "{:?} into a hold blocking its thread (lease {lease:?})",
                         since.elapsed()
                     );
-                    assert_busy(&other, key, &when).await;
+                    // The holder may end between the look at `done` above and this attempt:
+                    // the key is then free by right. It must be busy while the holder has not
+                    // ended when the answer comes.
+                    let lock = other.lock(key).lease(lease).wait(Duration::ZERO);
+                    match lock.spawn().await.expect("the checker's attempt").0 {
+                        Err(e) if e.is_timeout() => {}
+                        Ok(guard) if done.load(Ordering::Acquire) => {
+                            guard.release().await.expect("the checker's release");
+                            break;
+                        }
+                        other => {
+                            panic!("{when}: {key:?} must be busy for another owner, got {other:?}")
+                        }
+                    }
                     checks += 1;
                 }
                 checks
