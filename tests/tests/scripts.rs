@@ -399,6 +399,9 @@ fn waiting_attempt<'a>(
 /// nobody in line (the line expired), it is reserved for every runtime but the releaser's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
+    // A reservation far above a loaded machine's round trips (the runtime's is 50 ms), so
+    // that none lapses between the release and the attempts that must find it.
+    const RESERVE: u64 = 5_000;
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     // A holds for runtime `&A[..16]`, B and D wait for two other runtimes, C is A's
@@ -411,7 +414,7 @@ async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
     // B (another runtime) waits: flags A's lock and takes its place in line.
     let busy: i64 = acquire_in(B).invoke_async(&mut conn).await.unwrap();
     assert!(busy < 0, "busy while A holds");
-    assert_eq!(release(&mut conn, "res", A).await, 1);
+    assert_eq!(release_reserving(&mut conn, "res", A, RESERVE).await, 1);
     let reserved: String = server.query(&lock()).await;
     assert_eq!(
         reserved,
@@ -419,12 +422,15 @@ async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
         "reserved for B's runtime"
     );
     let ttl = server.pttl(&lock_key("res")).await;
-    assert!((1..=50).contains(&ttl), "a short reservation: {ttl} ms");
+    assert!(
+        (1..=RESERVE as i64).contains(&ttl),
+        "a short reservation: {ttl} ms"
+    );
     // The releaser's own waiter, then D's, are busy for at most the reservation, in line.
     for waiter in [C, D] {
         let busy: i64 = acquire_in(waiter).invoke_async(&mut conn).await.unwrap();
         assert!(
-            (-2 - 50..=-2).contains(&busy),
+            (-2 - RESERVE as i64..=-2).contains(&busy),
             "{waiter} waits out the reservation: {busy}"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -439,14 +445,14 @@ async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
         "B's own lease"
     );
     // Next in line: A's runtime (C came before D), then D.
-    assert_eq!(release(&mut conn, "res", B).await, 1);
+    assert_eq!(release_reserving(&mut conn, "res", B, RESERVE).await, 1);
     let reserved: String = server.query(&lock()).await;
     assert_eq!(reserved, format!(">{}", &A[..16]), "C's runtime came first");
     let busy: i64 = acquire_in(D).invoke_async(&mut conn).await.unwrap();
     assert!(busy < 0, "not D's turn yet");
     let taken: i64 = acquire_in(C).invoke_async(&mut conn).await.unwrap();
     assert!(taken > first);
-    assert_eq!(release(&mut conn, "res", C).await, 1);
+    assert_eq!(release_reserving(&mut conn, "res", C, RESERVE).await, 1);
     let reserved: String = server.query(&lock()).await;
     assert_eq!(reserved, format!(">{}", &D[..16]), "then D's");
     let taken: i64 = acquire_in(D).invoke_async(&mut conn).await.unwrap();
@@ -457,7 +463,7 @@ async fn flagged_release_reserves_the_key_for_the_runtime_first_in_line() {
     let busy: i64 = acquire_in(B).invoke_async(&mut conn).await.unwrap();
     assert!(busy < 0);
     let () = server.query(redis::cmd("DEL").arg(turns_key("res"))).await;
-    assert_eq!(release(&mut conn, "res", D).await, 1);
+    assert_eq!(release_reserving(&mut conn, "res", D, RESERVE).await, 1);
     let reserved: String = server.query(&lock()).await;
     assert_eq!(
         reserved,
