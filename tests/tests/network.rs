@@ -11,9 +11,9 @@
 //!   timeouts: a connection whose requests time out must be closed and replaced;
 //! - after a reset or a half-close, the next requests are served over a new connection.
 //!
-//! On Redis (one server, and Redlock over three) and etcd, the "serves again" tests fail on
-//! the runtime as it is: its connections are never replaced while they stay open (see the
-//! issue "Reliability: survive the network"). Memory under a black hole is
+//! On Redis (one server, and Redlock over three) and etcd, the "serves again" tests failed
+//! while the runtime kept a connection that stayed open and silent; it now closes one that
+//! has answered nothing for a request timeout while requests wait. Memory under a black hole is
 //! `network_memory.rs` (a process of its own, since it reads the process's RSS).
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! The fault injector: until the run's end (a time, and a number of sections), every 0.5–2 s
-//! one fault from the list, chosen at random: SIGKILL a worker (and start a new one), SIGSTOP a worker past its lease (and its
+//! one fault from the list, dealt from a shuffled deck of it (each fault once a round): SIGKILL a worker (and start a new one), SIGSTOP a worker past its lease (and its
 //! ZooKeeper session) then SIGCONT it, or restart the lock engine; and the network faults
 //! (`network`): cut, black-hole or slow down one worker's links, or SIGSTOP the engine.
 
@@ -87,6 +87,7 @@ pub(crate) async fn inject(
     let mut injected = Injected::default();
     let start = Instant::now();
     let mut progress = start + PROGRESS_EVERY;
+    let mut deck = Vec::new();
     loop {
         let gap = Duration::from_millis(500 + rng.below(1500) as u64);
         let left = end.at.saturating_duration_since(Instant::now());
@@ -113,10 +114,10 @@ pub(crate) async fn inject(
             .copied()
             .filter(|&f| f != Fault::Block && network::applies(f, network::kind(engine)))
             .collect();
-        if from_here.is_empty() {
+        let Some(fault) = draw(&mut deck, &from_here, rng) else {
             continue;
-        }
-        match from_here[rng.below(from_here.len())] {
+        };
+        match fault {
             Fault::Kill => {
                 pool.kill_one(rng)?;
                 injected.kills += 1;
@@ -145,5 +146,42 @@ pub(crate) async fn inject(
             }
         }
         injected.last = Some(Instant::now());
+    }
+}
+
+/// The next fault of `deck`, which is dealt again from `faults` in a random order whenever it
+/// runs out: every fault comes once in each round of the list, so a short run sees each of
+/// them (independent draws left some out of a 10 s run). `None` when `faults` is empty.
+fn draw(deck: &mut Vec<Fault>, faults: &[Fault], rng: &mut Rng) -> Option<Fault> {
+    if deck.is_empty() {
+        deck.extend_from_slice(faults);
+        for i in (1..deck.len()).rev() {
+            deck.swap(i, rng.below(i + 1));
+        }
+    }
+    deck.pop()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_round_of_draws_deals_every_fault_once() {
+        let faults = [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Latency];
+        let (mut deck, mut rng) = (Vec::new(), Rng::new(7));
+        let mut orders = std::collections::HashSet::new();
+        for _ in 0..20 {
+            let mut round: Vec<Fault> = (0..faults.len())
+                .map(|_| draw(&mut deck, &faults, &mut rng).expect("a fault"))
+                .collect();
+            orders.insert(format!("{round:?}"));
+            round.sort_by_key(|f| format!("{f:?}"));
+            let mut all = faults.to_vec();
+            all.sort_by_key(|f| format!("{f:?}"));
+            assert_eq!(round, all);
+        }
+        assert!(orders.len() > 1, "the order changes from round to round");
+        assert_eq!(draw(&mut Vec::new(), &[], &mut rng), None);
     }
 }
