@@ -15,6 +15,15 @@ async fn memory() -> Runtime {
         .expect("memory runtime")
 }
 
+/// `job` taken on `rt` with `hold_at_least(hold)`.
+async fn held_at_least(rt: &Runtime, hold: Duration) -> crate::guard::LockGuard {
+    rt.lock("job")
+        .hold_at_least(hold)
+        .acquire()
+        .await
+        .expect("acquire")
+}
+
 /// Whether another owner gets `key` now (and lets it go again).
 async fn free(rt: &Runtime, key: &str) -> bool {
     match rt.lock(key).acquire().await {
@@ -101,12 +110,7 @@ async fn a_cancelled_body_is_dropped_inside_its_level() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_guard_keeps_the_key_too() {
     let rt = memory().await;
-    let guard = rt
-        .lock("job")
-        .hold_at_least(5 * SEC)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = held_at_least(&rt, 5 * SEC).await;
     drop(guard);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!free(&rt, "job").await, "freed when the guard was dropped");
@@ -117,12 +121,7 @@ async fn a_dropped_guard_keeps_the_key_too() {
 #[tokio::test(start_paused = true)]
 async fn a_hold_longer_than_hold_at_least_releases_at_once() {
     let rt = memory().await;
-    let guard = rt
-        .lock("job")
-        .hold_at_least(SEC)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = held_at_least(&rt, SEC).await;
     tokio::time::advance(2 * SEC).await;
     guard.release().await.expect("release");
     assert!(free(&rt, "job").await);
@@ -131,12 +130,7 @@ async fn a_hold_longer_than_hold_at_least_releases_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_gets_the_key_when_the_hold_ends_not_before() {
     let rt = memory().await;
-    let guard = rt
-        .lock("job")
-        .hold_at_least(3 * SEC)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = held_at_least(&rt, 3 * SEC).await;
     let waiter = {
         let rt = rt.clone();
         tokio::spawn(async move {

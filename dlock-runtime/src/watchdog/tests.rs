@@ -5,11 +5,25 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::{AnyBackend, Attempt, Backend, DynBackend, EngineResult};
 
 async fn setup() -> (Arc<Watchdog>, Arc<AnyBackend>) {
+    started(DynBackend::new_arc(MemoryBackend::new()))
+}
+
+/// A watchdog running over `backend`.
+fn started(backend: Arc<AnyBackend>) -> (Arc<Watchdog>, Arc<AnyBackend>) {
     let wd = Arc::new(Watchdog::new(Arc::new(Observer::new("memory"))));
-    let backend: Arc<AnyBackend> = DynBackend::new_arc(MemoryBackend::new());
-    let weak = Arc::downgrade(&backend);
-    tokio::spawn(wd.clone().run(weak, 512));
+    tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
     (wd, backend)
+}
+
+/// A watchdog over a memory engine that counts its renewal calls (and fails them when told).
+fn counting_setup() -> (Arc<Watchdog>, Arc<AnyBackend>, Arc<Counting>) {
+    let counting = Arc::new(Counting {
+        inner: MemoryBackend::new(),
+        calls: Default::default(),
+        fail: AtomicBool::new(false),
+    });
+    let (wd, backend) = started(DynBackend::from_arc(counting.clone()));
+    (wd, backend, counting)
 }
 
 #[tokio::test(start_paused = true)]
@@ -108,14 +122,7 @@ impl Backend for Counting {
 
 #[tokio::test(start_paused = true)]
 async fn batches_locks_due_together() {
-    let wd = Arc::new(Watchdog::new(Arc::new(Observer::new("memory"))));
-    let counting = Arc::new(Counting {
-        inner: MemoryBackend::new(),
-        calls: Default::default(),
-        fail: AtomicBool::new(false),
-    });
-    let backend: Arc<AnyBackend> = DynBackend::from_arc(counting.clone());
-    tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
+    let (wd, backend, counting) = counting_setup();
     let lease = Duration::from_secs(3);
     // 1,000 locks acquired evenly over one second (one every millisecond).
     let mut lost = Vec::new();
@@ -147,14 +154,7 @@ async fn batches_locks_due_together() {
 
 #[tokio::test(start_paused = true)]
 async fn unreachable_engine_is_lost_when_the_lease_runs_out_not_before() {
-    let wd = Arc::new(Watchdog::new(Arc::new(Observer::new("memory"))));
-    let failing = Arc::new(Counting {
-        inner: MemoryBackend::new(),
-        calls: Default::default(),
-        fail: AtomicBool::new(false),
-    });
-    let backend: Arc<AnyBackend> = DynBackend::from_arc(failing.clone());
-    tokio::spawn(wd.clone().run(Arc::downgrade(&backend), 512));
+    let (wd, backend, failing) = counting_setup();
     let lease = Duration::from_secs(3);
     backend.try_acquire("k", "a", lease).await.ok();
     let (_id, lost) = wd.register("k", "a", lease, Duration::ZERO, true, Instant::now(), None);

@@ -10,13 +10,19 @@ fn after(ms: u64, value: u32) -> NodeCall<u32> {
     })
 }
 
+/// A fan-out over nodes answering `value` after `ms` each, awaited when `connecting`.
+fn fan(nodes: &[(u64, u32, bool)]) -> FanOut<u32> {
+    FanOut::new(
+        nodes
+            .iter()
+            .map(|&(ms, value, connecting)| (after(ms, value), connecting))
+            .collect(),
+    )
+}
+
 #[tokio::test(start_paused = true)]
 async fn settles_at_the_first_deciding_answer_and_finishes_the_rest_in_the_background() {
-    let mut fan = FanOut::new(vec![
-        (after(10, 1), false),
-        (after(20, 2), false),
-        (after(1000, 3), false),
-    ]);
+    let mut fan = fan(&[(10, 1, false), (20, 2, false), (1000, 3, false)]);
     let started = tokio::time::Instant::now();
     fan.until(|answers| answers.iter().flatten().count() >= 2)
         .await;
@@ -37,11 +43,7 @@ async fn settles_at_the_first_deciding_answer_and_finishes_the_rest_in_the_backg
 
 #[tokio::test(start_paused = true)]
 async fn waits_for_every_answer_when_nothing_settles_earlier() {
-    let mut fan = FanOut::new(vec![
-        (after(10, 1), false),
-        (after(30, 2), false),
-        (after(20, 3), false),
-    ]);
+    let mut fan = fan(&[(10, 1, false), (30, 2, false), (20, 3, false)]);
     fan.until(|_| false).await;
     let answers: Vec<u32> = fan
         .answers()
@@ -53,11 +55,7 @@ async fn waits_for_every_answer_when_nothing_settles_earlier() {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_that_may_be_connecting_is_awaited_even_when_the_others_settle() {
-    let mut fan = FanOut::new(vec![
-        (after(10, 1), false),
-        (after(20, 2), false),
-        (after(500, 3), true),
-    ]);
+    let mut fan = fan(&[(10, 1, false), (20, 2, false), (500, 3, true)]);
     let started = tokio::time::Instant::now();
     fan.until(|answers| answers.iter().flatten().count() >= 2)
         .await;
