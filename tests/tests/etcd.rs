@@ -1070,11 +1070,36 @@ async fn cluster_with_one_follower_killed_keeps_serving_every_lock_operation() {
 /// lock acquired (etcd 3.4's own Lock RPC was seen doing exactly that).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_frozen_until_its_lease_expired_never_gets_the_lock_beside_the_holder() {
+    frozen_waiter(None).await;
+}
+
+/// The same, with the waiter frozen between its joining the queue and its first look at who
+/// is ahead (its link to the server slowed by 150 ms each way, so that it is stopped while the
+/// join's answer travels): when it resumes nobody older is left in line, and it must confirm
+/// that its own key and lease are still there rather than take the lock. (A loaded machine
+/// sometimes stopped it there without the slow link: the waiter then reported the lock
+/// acquired beside its holder.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_frozen_before_its_first_look_at_the_queue_never_gets_the_lock_beside_the_holder() {
+    frozen_waiter(Some(Duration::from_millis(150))).await;
+}
+
+/// The frozen-waiter scenario; the waiter's link to the server delayed by `delay` each way if
+/// given.
+async fn frozen_waiter(delay: Option<Duration>) {
     let etcd = EtcdServer::start();
     let key = "etcd:frozen-waiter";
     let (a, b) = (runtime(etcd.cluster()).await, runtime(etcd.cluster()).await);
     let guard_a = a.lock(key).held("A acquires").await;
-    let url = etcd.url();
+    let proxy = delay.map(|delay| {
+        let proxy = dlock_testkit::FaultProxy::to_port(etcd.port());
+        proxy.latency(delay, Duration::ZERO);
+        proxy
+    });
+    let url = match &proxy {
+        Some(proxy) => format!("etcd://{}", proxy.host()),
+        None => etcd.url(),
+    };
     let mut frozen = tokio::process::Command::new(dlock_tests::holder_bin())
         .args(["--url", &url, "--key", key, "--mode", "hold"])
         .args(["--lease-ms", "1000"])

@@ -260,6 +260,8 @@ impl Queue {
         // lease has its keeper).
         let mut keeper: Option<AbortOnDrop<()>> = None;
         let mut waited = false;
+        // The TTL of a lease of its own (the server may raise it, never lower it).
+        let own_ttl = Duration::from_secs(u64::try_from(ttl_seconds(ask.lease)).unwrap_or(1));
         loop {
             // The predecessor: the newest key created before ours (and whether another is
             // ahead of it).
@@ -276,7 +278,16 @@ impl Queue {
             // later have higher revisions).
             let behind_the_head = before.kvs().len() == 1;
             let Some(predecessor) = before.kvs().first() else {
-                if !waited {
+                // Nobody ahead at the first look: the key was written by the join just before,
+                // under a lease alive for sure, unless this process was stopped in between for
+                // longer than that (the key may be gone, and a contender queued since may hold
+                // the lock): then the key and the lease are confirmed as after a wait.
+                let now = Instant::now();
+                let alive = match &shared {
+                    Some(shared) => shared.is_fresh(now),
+                    None => granted_at.is_some_and(|at| now < at + own_ttl / 2),
+                };
+                if !waited && alive {
                     return Ok(Queued {
                         attempt: Attempt::Acquired {
                             fence: u64::try_from(my_revision).ok(),
@@ -296,11 +307,10 @@ impl Queue {
             }
             waited = true;
             if keeper.is_none() && shared.is_none() {
-                let ttl = Duration::from_secs(u64::try_from(ttl_seconds(ask.lease)).unwrap_or(1));
                 keeper = Some(AbortOnDrop(lease::keep_alive_while_queued(
                     &self.etcd.client,
                     lease_id,
-                    ttl,
+                    own_ttl,
                 )));
             }
             // Known to the holders of this runtime from now until this iteration ends: the
