@@ -210,6 +210,15 @@ impl AcquireExt for LockBuilder {
 /// A lease no test waits out: a key that frees up within a test's bounds was released.
 pub const LONG_LEASE: Duration = Duration::from_secs(30);
 
+/// A wait no contender of a test runs out of: a waiter that gives up was kept out.
+pub const LONG_WAIT: Duration = Duration::from_secs(60);
+
+/// Acquires `lock` (a plain lock, a read lock, a permit or a key set) with [`LONG_LEASE`],
+/// waiting up to `wait`; panics with `what` and the error if that fails.
+pub async fn held_long(lock: LockBuilder, wait: Duration, what: &str) -> LockGuard {
+    lock.lease(LONG_LEASE).wait(wait).held(what).await
+}
+
 /// Joins a waiter from [`AcquireExt::spawn`] within `within`; panics with `what` unless it got
 /// the key. Returns the guard and when it came.
 pub async fn waiter_got_it(

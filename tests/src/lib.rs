@@ -25,9 +25,9 @@ mod processes;
 pub mod turns;
 
 pub use acquire::{
-    AcquireExt, BuildExt, HoldExt, LONG_LEASE, acquire_within, assert_busy, assert_free,
-    assert_ttl_within_lease, finish_within, hand_off, release_wakes_the_waiter, waiter_got_it,
-    while_held,
+    AcquireExt, BuildExt, HoldExt, LONG_LEASE, LONG_WAIT, acquire_within, assert_busy, assert_free,
+    assert_ttl_within_lease, finish_within, hand_off, held_long, release_wakes_the_waiter,
+    waiter_got_it, while_held,
 };
 pub use logs::{Logs, captured_logs};
 pub use processes::{

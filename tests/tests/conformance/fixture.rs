@@ -204,6 +204,15 @@ impl Fixture {
         out
     }
 
+    /// As many runtimes as the pattern they are bound to names (see
+    /// [`runtime`](Fixture::runtime)): `let [rt, other] = fixture.each_runtime().await;`.
+    pub(crate) async fn each_runtime<const N: usize>(&self) -> [Runtime; N] {
+        let runtimes = self.runtimes(N).await;
+        runtimes
+            .try_into()
+            .unwrap_or_else(|_: Vec<Runtime>| unreachable!("runtimes(N) returns N runtimes"))
+    }
+
     /// Raw access to the keys of the Redis engines, behind the runtime's back: the server
     /// (Redis), the slot-routed cluster (Cluster), every node (Redlock); none elsewhere.
     pub(crate) fn redis_nodes(&self) -> Vec<&RedisKeys> {

@@ -24,11 +24,7 @@ const FREED_WITHIN: Duration = Duration::from_millis(2500);
 /// within [`FREED_WITHIN`] of that.
 pub(crate) async fn a_short_run_keeps_the_key_until_hold_at_least(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other, third) = (
-        fixture.runtime().await,
-        fixture.runtime().await,
-        fixture.runtime().await,
-    );
+    let [rt, other, third] = fixture.each_runtime().await;
     let key = "conformance:hold:short-run";
     let start = Instant::now();
     let job = rt
@@ -67,7 +63,7 @@ pub(crate) async fn a_short_run_keeps_the_key_until_hold_at_least(engine: Engine
 /// runtime as soon as the call returns.
 pub(crate) async fn a_run_longer_than_hold_at_least_releases_at_once(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let key = "conformance:hold:long-run";
     let hold = Duration::from_secs(1);
     let job = rt

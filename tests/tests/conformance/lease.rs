@@ -68,7 +68,7 @@ impl LongBody {
 pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let key = "conformance:lease:renewed";
     let guard = rt.lock(key).lease(params.short_lease).held("acquire").await;
     let every = Duration::from_millis(100);
@@ -97,7 +97,7 @@ pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
 pub(crate) async fn with_lock_bodies_keep_a_short_lease_alive(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let body = |keys: &'static [&'static str]| {
         let other = &other;
         async move {
@@ -146,7 +146,7 @@ pub(crate) async fn with_lock_bodies_keep_a_short_lease_alive(engine: Engine) {
 pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let lease = params.short_lease;
 
     let key = "conformance:lease:blocking-guard";
@@ -244,11 +244,7 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
     let lease = params.short_lease;
-    let (rt, other, third) = (
-        fixture.runtime().await,
-        fixture.runtime().await,
-        fixture.runtime().await,
-    );
+    let [rt, other, third] = fixture.each_runtime().await;
 
     let key = "conformance:lease:hard-cap";
     let start = Instant::now();
@@ -330,7 +326,7 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
 /// body is dropped and the call returns `Err(Lost)` within 3.5 s.
 pub(crate) async fn deleted_key_is_lost(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
 
     let key = "conformance:lease:deleted";
     let guard = rt.lock(key).lease(LOSS_LEASE).held("acquire").await;
