@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::cluster::{MASTERS, RedisCluster};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, LockGuard, RedisServer, Runtime, assert_between, assert_busy,
-    assert_ttl_within_lease, captured_logs, count_in_processes, eventually, fence_key,
+    AcquireExt, BuildExt, Counting, HoldExt, LockGuard, RedisServer, Runtime, assert_between,
+    assert_busy, assert_ttl_within_lease, captured_logs, count_in_processes, eventually, fence_key,
     finish_within, hand_off, hold_fenced_in_process, lock_key, released_channel, while_held,
 };
 
@@ -229,11 +229,7 @@ async fn release_wakes_a_waiter_on_every_shard_within_500_ms() {
     let holder_rt = runtime(&cluster).await;
     let waiter_rt = runtime(&cluster).await;
     for (key, master) in &keys {
-        let holder = holder_rt
-            .lock(key.as_str())
-            .lease(LONG_LEASE)
-            .held("holder")
-            .await;
+        let holder = holder_rt.hold(key.as_str(), LONG_LEASE).await;
         let waiter = waiter_rt
             .lock(key.as_str())
             .lease(LONG_LEASE)
@@ -497,11 +493,7 @@ async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
         .remove(0);
     let holder_rt = runtime(&cluster).await;
     let waiter_rt = runtime(&cluster).await;
-    let holder = holder_rt
-        .lock(key.as_str())
-        .lease(LONG_LEASE)
-        .held("holder")
-        .await;
+    let holder = holder_rt.hold(key.as_str(), LONG_LEASE).await;
     let holder_fence = holder.fence().expect("fence");
     let waiter = {
         let (rt, key) = (waiter_rt.clone(), key.clone());
@@ -713,11 +705,7 @@ async fn frozen_master_fails_over_and_the_runtime_resumes_on_the_promoted_replic
     let master = cluster.master_for_slot(0).await;
     let keys = cluster.keys_on_master("frozen", master, 2).await;
     let rt = runtime(&cluster).await;
-    let guard = rt
-        .lock(keys[0].as_str())
-        .lease(LONG_LEASE)
-        .held("acquire")
-        .await;
+    let guard = rt.hold(keys[0].as_str(), LONG_LEASE).await;
     // Replication is asynchronous: a lock the replica never received is lost in a failover,
     // which is not what this test is about.
     let replica = *cluster

@@ -350,11 +350,7 @@ async fn renewed_locks_share_the_runtimes_lease_and_hard_capped_ones_have_their_
     let six = Duration::from_secs(6);
     let a = rt.lock("etcd:share:a").lease(six).held("a").await;
     let b = rt.lock("etcd:share:b").lease(six).held("b").await;
-    let c = rt
-        .lock("etcd:share:c")
-        .lease(Duration::from_secs(3))
-        .held("c")
-        .await;
+    let c = rt.hold("etcd:share:c", Duration::from_secs(3)).await;
     let d = other.lock("etcd:share:d").lease(six).held("d").await;
     let capped = rt
         .lock("etcd:share:capped")
@@ -435,11 +431,7 @@ async fn release_the_server_did_not_answer_lands_soon_after_its_return() {
         .built()
         .await;
     let key = "etcd:late-release";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(30)).await;
     let held = only_holder(&etcd, key);
     blocking(|| etcd.stop());
     let err = guard

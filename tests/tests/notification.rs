@@ -188,11 +188,7 @@ async fn refused_subscription_falls_back_to_polling_within_the_wait() {
         )
         .await;
     let key = "notify:no-subscribe";
-    let holder = holder_rt
-        .lock(key)
-        .lease(Duration::from_secs(2))
-        .held("holder")
-        .await;
+    let holder = holder_rt.hold(key, Duration::from_secs(2)).await;
     let start = Instant::now();
     let waiter = waiter_rt.lock(key).wait(Duration::from_secs(10)).spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -1054,11 +1054,7 @@ async fn release_a_node_missed_is_retried_in_the_background() {
     let mut nodes = Nodes::start(3);
     let rt = nodes.runtime(NODE_TIMEOUT).await;
     let key = "redlock:release-retry";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(60))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(60)).await;
     nodes.servers[2].pause();
     guard.release().await.expect("a majority released");
     for server in &nodes.servers[..2] {
