@@ -221,6 +221,19 @@ impl RedisServer {
             .sum()
     }
 
+    /// `INFO commandstats` as command name (lower case) -> calls, those run inside scripts
+    /// included.
+    pub async fn command_stats(&self) -> std::collections::HashMap<String, u64> {
+        let info: String = self.query(redis::cmd("INFO").arg("commandstats")).await;
+        info.lines()
+            .filter_map(|line| {
+                let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = stats.strip_prefix("calls=")?.split(',').next()?;
+                Some((name.to_owned(), calls.parse().ok()?))
+            })
+            .collect()
+    }
+
     /// `PUBSUB NUMSUB channel`: how many client connections subscribe to the channel.
     pub async fn subscribers(&self, channel: &str) -> u64 {
         let reply: Vec<redis::Value> = self
