@@ -18,6 +18,9 @@ const LEASE: Duration = Duration::from_secs(10);
 /// How long the contending tasks hold the lock, unless a test says otherwise.
 const HOLD: Duration = Duration::from_millis(1);
 
+/// How many tasks of one runtime contend in the tests of [`one_runtime`].
+const TASKS: usize = 16;
+
 /// `tasks` tasks of `rt`, each acquiring `key` `each` times (holding it for an await of
 /// `hold`, none if zero); the fences in the order the holders got them, tagged with `tag`.
 async fn contend(
@@ -66,10 +69,11 @@ struct Cost {
     published: u64,
 }
 
-/// `tasks` tasks of one runtime on a fresh server, each acquiring `key` `each` times and
+/// [`TASKS`] tasks of one runtime on a fresh server, each acquiring `key` `each` times and
 /// holding it for `hold`; checks that every acquisition happened with a fence above the
-/// previous holder's, and returns what Redis saw.
-async fn one_runtime(key: &'static str, (tasks, each, hold): (usize, usize, Duration)) -> Cost {
+/// previous holder's, and returns what Redis saw (printed, with the blocks of fences used).
+async fn one_runtime(key: &'static str, (each, hold): (usize, Duration)) -> Cost {
+    let tasks = TASKS;
     let (server, rt) = redis_with_runtime().await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let sets = server.set_calls().await;
@@ -80,12 +84,22 @@ async fn one_runtime(key: &'static str, (tasks, each, hold): (usize, usize, Dura
     let order = order.lock().unwrap().clone();
     assert_eq!(order.len(), tasks * each);
     assert_increasing(&order);
-    Cost {
+    let cost = Cost {
         acquisitions: order.len() as u64,
         attempts: server.set_calls().await - sets,
         releases: server.command_calls("del").await - dels,
         published: server.command_calls("publish").await - published,
-    }
+    };
+    println!(
+        "{} acquisitions by {tasks} tasks of one runtime ({} blocks of fences): {} attempts, {} \
+         releases and {} publications in Redis",
+        cost.acquisitions,
+        cost.acquisitions.div_ceil(FENCE_BLOCK),
+        cost.attempts,
+        cost.releases,
+        cost.published
+    );
+    cost
 }
 
 /// Sixteen tasks of one runtime on one key: most acquisitions are hand-overs, which send
@@ -93,16 +107,8 @@ async fn one_runtime(key: &'static str, (tasks, each, hold): (usize, usize, Dura
 /// holder's fence is above the previous holder's, and no release publishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
-    const TASKS: usize = 16;
-    let Cost {
-        acquisitions,
-        attempts,
-        published,
-        ..
-    } = one_runtime("handoff:hot", (TASKS, 10, HOLD)).await;
-    println!(
-        "{acquisitions} acquisitions by {TASKS} tasks of one runtime: {attempts} attempts in Redis"
-    );
+    let cost = one_runtime("handoff:hot", (10, HOLD)).await;
+    let (acquisitions, attempts, published) = (cost.acquisitions, cost.attempts, cost.published);
     // Waiters of the holder's own runtime are woken by its release: they never flag the
     // lock, so no release publishes (nor reserves the key for other runtimes).
     assert_eq!(
@@ -123,18 +129,9 @@ async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
 /// and an attempt by the next holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_key_wanted_only_by_its_runtime_is_kept_across_blocks() {
-    const TASKS: usize = 16;
-    let Cost {
-        acquisitions,
-        attempts,
-        releases,
-        ..
-    } = one_runtime("handoff:kept", (TASKS, 20, HOLD)).await;
-    let blocks = acquisitions.div_ceil(FENCE_BLOCK);
-    println!(
-        "{acquisitions} acquisitions ({blocks} blocks): {attempts} attempts and {releases} \
-         releases in Redis"
-    );
+    let cost = one_runtime("handoff:kept", (20, HOLD)).await;
+    let (attempts, releases) = (cost.attempts, cost.releases);
+    let blocks = cost.acquisitions.div_ceil(FENCE_BLOCK);
     // The first attempts of tasks that started before anybody queued; the release at the end
     // (and one or two while the queue formed or emptied).
     assert!(
@@ -156,16 +153,9 @@ async fn busy_key_wanted_only_by_its_runtime_is_kept_across_blocks() {
 /// with an attempt of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_releasing_at_once_still_hand_over_until_the_block_is_used_up() {
-    const TASKS: usize = 16;
-    let Cost {
-        acquisitions,
-        attempts,
-        ..
-    } = one_runtime("handoff:at-once", (TASKS, 40, Duration::ZERO)).await;
+    let cost = one_runtime("handoff:at-once", (40, Duration::ZERO)).await;
+    let (acquisitions, attempts) = (cost.acquisitions, cost.attempts);
     let blocks = acquisitions.div_ceil(FENCE_BLOCK);
-    println!(
-        "{acquisitions} acquisitions, {blocks} blocks of fences: {attempts} attempts in Redis"
-    );
     // About one attempt per block at most, plus the first attempts of tasks that started
     // before anybody queued and a few while the queue formed (68 seen before blocks were
     // extended; 656 without the parking).
