@@ -237,6 +237,21 @@ where
     }
 }
 
+/// GET `counter`, sleep 1 ms, SET it to the value + 1: loses updates unless the callers are
+/// mutually excluded (the counters of the exclusion tests and of `dlock-holder`).
+pub async fn racy_increment(
+    counter: &str,
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> redis::RedisResult<()> {
+    let value: Option<u64> = redis::cmd("GET").arg(counter).query_async(conn).await?;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    redis::cmd("SET")
+        .arg(counter)
+        .arg(value.unwrap_or(0) + 1)
+        .query_async(conn)
+        .await
+}
+
 /// A small xorshift generator: reproducible from the seed it prints, no dependency.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);

@@ -250,16 +250,9 @@ async fn attribute_future_is_send_and_spawnable(b: Backend) {
 
 // ---- mutual exclusion across tasks ----------------------------------------------------------
 
-/// GET, sleep 1 ms, SET + 1: loses updates unless callers are mutually excluded.
+/// [`dlock_tests::racy_increment`] as the attribute's error type.
 async fn racy_increment(counter: &str, conn: &mut MultiplexedConnection) -> Result<(), AppError> {
-    let value: Option<u64> = redis::cmd("GET").arg(counter).query_async(conn).await?;
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    let () = redis::cmd("SET")
-        .arg(counter)
-        .arg(value.unwrap_or(0) + 1)
-        .query_async(conn)
-        .await?;
-    Ok(())
+    Ok(dlock_tests::racy_increment(counter, conn).await?)
 }
 
 /// [`racy_increment`] under the attribute, counting how many callers are inside at once.
