@@ -32,6 +32,7 @@ pub use acquire::{
 pub use logs::{Logs, captured_logs};
 pub use processes::{
     Counting, count_in_processes, hold_fenced_in_process, hold_in_process, holder_bin,
+    spawn_hold_process,
 };
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
