@@ -31,6 +31,16 @@ async fn runtimes<const N: usize>(server: &RedisServer) -> [Runtime; N] {
         .unwrap_or_else(|_: Vec<Runtime>| unreachable!("N runtimes"))
 }
 
+/// A fresh server, `N` runtimes on it, and the first of them holding `key` as a fair lock.
+async fn held_on_a_fresh_server<const N: usize>(
+    key: &str,
+) -> (RedisServer, [Runtime; N], LockGuard) {
+    let server = RedisServer::start();
+    let rts: [Runtime; N] = runtimes(&server).await;
+    let holder = rts[0].lock(key).fair(true).held("the holder").await;
+    (server, rts, holder)
+}
+
 /// The length of the line of `key` on `server`.
 async fn line_len(server: &RedisServer, key: &str) -> usize {
     let [line, _] = redis_fair_names(DEFAULT_PREFIX, key);
@@ -44,10 +54,8 @@ async fn line_len(server: &RedisServer, key: &str) -> usize {
 /// line and the places are empty afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_waiter_process_does_not_block_the_line() {
-    let server = RedisServer::start();
     let key = "fair:killed";
-    let [rt, live_rt] = runtimes(&server).await;
-    let holder = rt.lock(key).fair(true).held("the holder").await;
+    let (server, [_holder_rt, live_rt], holder) = held_on_a_fresh_server(key).await;
 
     let lease_ms = u64::try_from(PLACE.as_millis()).expect("a lease in ms");
     let in_line = ["--fair", "true", "--wait-ms", "60000"];
@@ -93,10 +101,8 @@ async fn a_killed_waiter_process_does_not_block_the_line() {
 /// within 500 ms, not when its place runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_waiter_leaves_the_line_at_once() {
-    let server = RedisServer::start();
     let key = "fair:cancelled";
-    let [rt, waiter_rt] = runtimes(&server).await;
-    let holder = rt.lock(key).fair(true).held("the holder").await;
+    let (server, [_holder_rt, waiter_rt], holder) = held_on_a_fresh_server(key).await;
     let waiter = tokio::spawn(async move {
         waiter_rt
             .lock(key)
@@ -129,10 +135,8 @@ async fn a_cancelled_waiter_leaves_the_line_at_once() {
 /// call (it never joined the line, so it has nothing to leave) and leaves no trace there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_try_without_waiting_does_not_join_the_line() {
-    let server = RedisServer::start();
-    let [rt, other] = runtimes(&server).await;
     let key = "fair:try";
-    let holder = rt.lock(key).fair(true).held("the holder").await;
+    let (server, [_holder_rt, other], holder) = held_on_a_fresh_server(key).await;
     let scripts = || async {
         let info: String = server.query(redis::cmd("INFO").arg("commandstats")).await;
         script_calls_in(&info)
