@@ -12,6 +12,9 @@ use tokio::task::JoinHandle;
 pub trait HoldExt {
     /// Acquires `key` with `lease` (default wait); panics naming both if that fails.
     fn hold(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send;
+    /// Acquires `key` with `lease` as a hard cap (no watchdog: lost when the lease runs out);
+    /// panics naming both if that fails.
+    fn hold_capped(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send;
     /// Acquires `key` with `lease`, waiting up to `wait`; panics naming the key if that fails.
     fn hold_within(
         &self,
@@ -24,6 +27,12 @@ pub trait HoldExt {
 impl HoldExt for Runtime {
     fn hold(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send {
         let (lock, what) = (self.lock(key).lease(lease), format!("hold {key:?}"));
+        async move { lock.held(&what).await }
+    }
+
+    fn hold_capped(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send {
+        let lock = self.lock(key).lease(lease).watchdog(false);
+        let what = format!("hold {key:?} capped at {lease:?}");
         async move { lock.held(&what).await }
     }
 

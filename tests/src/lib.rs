@@ -301,3 +301,47 @@ impl Drop for SetOnDrop {
         self.0.store(true, Ordering::SeqCst);
     }
 }
+
+/// A `with_lock` body that would run for a minute, recording whether it completed and whether
+/// it was dropped.
+#[derive(Default)]
+pub struct LongBody {
+    completed: Arc<AtomicBool>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl LongBody {
+    /// The body: tells `held` it runs, then sleeps 60 s and marks itself completed.
+    pub fn run(
+        &self,
+        held: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> impl Future<Output = ()> + Send + use<> {
+        let (completed, flag) = (self.completed.clone(), SetOnDrop(self.dropped.clone()));
+        async move {
+            let _flag = flag;
+            if let Some(held) = held {
+                held.send(()).expect("the test waits");
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            completed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Asserts `with_lock` returned `Err(Lost)` naming `key`, having dropped the body before
+    /// its end; the failure names `what`.
+    #[track_caller]
+    pub fn assert_cancelled_with_lost(&self, what: &str, key: &str, out: Result<(), LockError>) {
+        match out {
+            Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key, "{what}: the lost key"),
+            other => panic!("{what}: expected Err(Lost), got {other:?}"),
+        }
+        assert!(
+            self.dropped.load(Ordering::SeqCst),
+            "{what}: the body must be dropped"
+        );
+        assert!(
+            !self.completed.load(Ordering::SeqCst),
+            "{what}: the body ran to its end"
+        );
+    }
+}

@@ -9,13 +9,11 @@
 //!
 //! Timing bounds are generous: the box has two cores shared by up to five servers per test.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, HoldExt, LONG_LEASE, RedisServer, Runtime, SetOnDrop,
+    AcquireExt, BuildExt, Counting, HoldExt, LONG_LEASE, LongBody, RedisServer, Runtime,
     assert_between, count_in_processes, eventually, hold_in_process, lock_key, released_channel,
 };
 
@@ -661,21 +659,12 @@ async fn with_lock_body_cancelled_with_lost_when_majority_dies() {
     let mut nodes = Nodes::start(3);
     let rt = nodes.runtime(Duration::from_millis(100)).await;
     let key = "redlock:with-lock-lost";
-    let completed = Arc::new(AtomicBool::new(false));
-    let body_dropped = Arc::new(AtomicBool::new(false));
+    let body = LongBody::default();
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let (rt, completed, body_dropped) = (rt.clone(), completed.clone(), body_dropped.clone());
-        tokio::spawn(async move {
-            with_lock(rt.lock(key).lease(lease), async move {
-                let _on_drop = SetOnDrop(body_dropped);
-                let _ = held_tx.send(());
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                completed.store(true, Ordering::SeqCst);
-            })
-            .await
-        })
-    };
+    let task = tokio::spawn(with_lock(
+        rt.lock(key).lease(lease),
+        body.run(Some(held_tx)),
+    ));
     tokio::time::timeout(Duration::from_secs(10), held_rx)
         .await
         .expect("the body starts")
@@ -695,23 +684,12 @@ async fn with_lock_body_cancelled_with_lost_when_majority_dies() {
          were killed (lease 1 s)",
         killed.elapsed()
     );
-    match out {
-        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
-        other => panic!("expected Err(Lost), got {other:?}"),
-    }
+    body.assert_cancelled_with_lost("2 of 3 nodes killed", key, out);
     assert_between(
         "with_lock Err(Lost) after the last renewal, 2 of 3 nodes killed, lease 1 s",
         took,
         Duration::from_millis(500),
         lease + Duration::from_millis(1500),
-    );
-    assert!(
-        body_dropped.load(Ordering::SeqCst),
-        "the body future must be dropped"
-    );
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "the body must not run to completion"
     );
 }
 

@@ -9,7 +9,7 @@ use dlock_runtime::{LockInfo, Runtime, current_fence, with_lock};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_nothing_left};
-use dlock_tests::{AcquireExt, eventually, lock_key, waiter_got_it};
+use dlock_tests::{AcquireExt, HoldExt, eventually, lock_key, waiter_got_it};
 
 /// How many characters of the owner token a `LockInfo` shows, before its `…`.
 const OWNER_SHOWN: usize = 8;
@@ -157,12 +157,7 @@ pub(crate) async fn waiters_are_not_holders(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let [holder, waiting, observer] = fixture.each_runtime().await;
     let key = "conformance:inspect:queued";
-    let guard = holder
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+    let guard = holder.hold(key, LONG_LEASE).await;
     let before = observer.inspect(key).await.expect("inspect").expect("held");
     let waiter = waiting
         .lock(key)
@@ -210,12 +205,7 @@ pub(crate) async fn reservations_and_foreign_values_are_not_holders(engine: Engi
     let [holder, observer] = fixture.each_runtime().await;
     let prefix = "conformance:inspect:raw:";
     let held = "conformance:inspect:raw:held";
-    let guard = holder
-        .lock(held)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("held");
+    let guard = holder.hold(held, LONG_LEASE).await;
     let (reserved, foreign, hash) = (
         "conformance:inspect:raw:reserved",
         "conformance:inspect:raw:foreign",

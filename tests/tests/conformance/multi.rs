@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, distributed_lock, with_lock};
-use dlock_tests::{AcquireExt, HoldExt, LONG_WAIT, finish_within, held_long};
+use dlock_tests::{AcquireExt, HoldExt, LONG_WAIT, LongBody, finish_within, held_long};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, RELEASE_WITHIN, SetOnDrop, assert_busy, assert_free};
@@ -241,37 +241,17 @@ pub(crate) async fn losing_one_key_loses_the_set(engine: Engine) {
         "conformance:multi:lost-body:a",
         "conformance:multi:lost-body:b",
     ];
-    let completed = Arc::new(AtomicBool::new(false));
-    let dropped = Arc::new(AtomicBool::new(false));
+    let body = LongBody::default();
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let body = {
-        let (completed, flag) = (completed.clone(), SetOnDrop(dropped.clone()));
-        async move {
-            let _flag = flag;
-            held_tx.send(()).expect("the test waits");
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            completed.store(true, Ordering::SeqCst);
-        }
-    };
-    let task = tokio::spawn(with_lock(rt.lock_all(keys).lease(lease), body));
+    let lock = rt.lock_all(keys).lease(lease);
+    let task = tokio::spawn(with_lock(lock, body.run(Some(held_tx))));
     held_rx.await.expect("the body runs");
     fixture.delete_lock(keys[1]).await;
     let out = tokio::time::timeout(seen_within, task)
         .await
         .unwrap_or_else(|_| panic!("{engine:?}: with_lock must end within {seen_within:?}"))
         .expect("task");
-    match out {
-        Err(LockError::Lost { key }) => assert_eq!(key, keys[1], "{engine:?}: the lost key"),
-        other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
-    }
-    assert!(
-        dropped.load(Ordering::SeqCst),
-        "{engine:?}: the body must be dropped"
-    );
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "{engine:?}: the body ran to its end"
-    );
+    body.assert_cancelled_with_lost(&format!("{engine:?}"), keys[1], out);
     dlock_tests::acquire_within(
         &other,
         keys[0],
