@@ -27,6 +27,28 @@ async fn runtime(cluster: &RedisCluster) -> Runtime {
         .await
 }
 
+/// Waits up to 3 s until the lock hashes of `keys` reach the first replica of `master`
+/// (replication is asynchronous: a lock the replica never received is lost in a failover);
+/// returns that replica.
+async fn replicated(cluster: &RedisCluster, master: usize, keys: &[&str]) -> usize {
+    let replica = *cluster
+        .replicas_of(master)
+        .await
+        .first()
+        .expect("the master has a replica");
+    let what = format!("the lock hashes of {keys:?} reach replica {replica}");
+    eventually(Duration::from_secs(3), &what, || async {
+        for key in keys {
+            if !cluster.exists_on(replica, &lock_key(key)).await {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    replica
+}
+
 /// Acquires `key` (one attempt each time), retrying on `Backend` errors (a failover in
 /// progress) until `within`; returns the guard and how long it took.
 async fn acquire_retrying(rt: &Runtime, key: &str, within: Duration) -> (LockGuard, Duration) {
@@ -361,10 +383,7 @@ async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
         }
         // A holder whose lease runs out, then the next one.
         let expiring = a
-            .lock(key.as_str())
-            .lease(Duration::from_millis(300))
-            .watchdog(false)
-            .held("acquire")
+            .hold_capped(key.as_str(), Duration::from_millis(300))
             .await;
         let expiring_fence = expiring.fence().expect("fence");
         assert!(expiring_fence > last);
@@ -399,20 +418,7 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
         .lock_owner(&lock_key(kept))
         .await
         .expect("owner token");
-    let replica = *cluster
-        .replicas_of(master)
-        .await
-        .first()
-        .expect("the master has a replica");
-    eventually(
-        Duration::from_secs(3),
-        "both lock hashes reach the replica",
-        || async {
-            cluster.exists_on(replica, &lock_key(kept)).await
-                && cluster.exists_on(replica, &lock_key(dropped)).await
-        },
-    )
-    .await;
+    let replica = replicated(&cluster, master, &[kept.as_str(), dropped.as_str()]).await;
 
     cluster.kill9(master);
     let killed = Instant::now();
@@ -514,13 +520,7 @@ async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
         || async { cluster.shard_subscribers(master, &channel).await >= 1 },
     )
     .await;
-    let replica = cluster.replicas_of(master).await[0];
-    eventually(
-        Duration::from_secs(3),
-        "the lock reaches the replica",
-        || async { cluster.exists_on(replica, &lock_key(&key)).await },
-    )
-    .await;
+    replicated(&cluster, master, &[key.as_str()]).await;
 
     cluster.kill9(master);
     let failover = cluster.wait_for_failover(master).await;
@@ -706,19 +706,9 @@ async fn frozen_master_fails_over_and_the_runtime_resumes_on_the_promoted_replic
     let keys = cluster.keys_on_master("frozen", master, 2).await;
     let rt = runtime(&cluster).await;
     let guard = rt.hold(keys[0].as_str(), LONG_LEASE).await;
-    // Replication is asynchronous: a lock the replica never received is lost in a failover,
-    // which is not what this test is about.
-    let replica = *cluster
-        .replicas_of(master)
-        .await
-        .first()
-        .expect("the master has a replica");
-    eventually(
-        Duration::from_secs(3),
-        "the lock hash reaches the replica",
-        || async { cluster.exists_on(replica, &lock_key(&keys[0])).await },
-    )
-    .await;
+    // A lock the replica never received is lost in a failover, which is not what this test
+    // is about.
+    replicated(&cluster, master, &[keys[0].as_str()]).await;
     cluster.pause(master);
     let failover = cluster.wait_for_failover(master).await;
     println!(
