@@ -327,6 +327,20 @@ impl LongBody {
         }
     }
 
+    /// Runs the body under `lock` (`with_lock`) in a task of its own; returns the task and a
+    /// receiver told once the body runs.
+    pub fn spawn(
+        &self,
+        lock: dlock_runtime::LockBuilder,
+    ) -> (
+        tokio::task::JoinHandle<Result<(), LockError>>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(dlock_runtime::with_lock(lock, self.run(Some(held_tx))));
+        (task, held_rx)
+    }
+
     /// Asserts `with_lock` returned `Err(Lost)` naming `key`, having dropped the body before
     /// its end; the failure names `what`.
     #[track_caller]

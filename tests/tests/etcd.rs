@@ -703,9 +703,7 @@ async fn with_lock_body_is_cancelled_with_lost_when_the_lease_is_revoked() {
     let key = "etcd:lost:with-lock";
     let rt = runtime(etcd.cluster()).await;
     let body = LongBody::default();
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let lock = rt.lock(key).lease(LOSS_LEASE);
-    let task = tokio::spawn(with_lock(lock, body.run(Some(held_tx))));
+    let (task, held_rx) = body.spawn(rt.lock(key).lease(LOSS_LEASE));
     held_rx.await.expect("the body runs");
     let held = only_holder(etcd.cluster(), key);
     revoke_lease(etcd.cluster(), held.lease);

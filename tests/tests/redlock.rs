@@ -660,11 +660,7 @@ async fn with_lock_body_cancelled_with_lost_when_majority_dies() {
     let rt = nodes.runtime(Duration::from_millis(100)).await;
     let key = "redlock:with-lock-lost";
     let body = LongBody::default();
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(with_lock(
-        rt.lock(key).lease(lease),
-        body.run(Some(held_tx)),
-    ));
+    let (task, held_rx) = body.spawn(rt.lock(key).lease(lease));
     tokio::time::timeout(Duration::from_secs(10), held_rx)
         .await
         .expect("the body starts")

@@ -32,9 +32,7 @@ pub(crate) async fn engine_down_while_held_is_lost_and_waiters_acquire_after_res
     let key = "conformance:faults:engine-down";
     let holder = fixture.runtime().await;
     let long_body = LongBody::default();
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let lock = holder.lock(key).lease(lease);
-    let body = tokio::spawn(with_lock(lock, long_body.run(Some(held_tx))));
+    let (body, held_rx) = long_body.spawn(holder.lock(key).lease(lease));
     held_rx.await.expect("the holder's body runs");
 
     let inside = Arc::new(AtomicUsize::new(0));

@@ -302,11 +302,7 @@ pub(crate) async fn deleted_key_is_lost(engine: Engine) {
 
     let key = "conformance:lease:deleted-with-lock";
     let body = LongBody::default();
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(with_lock(
-        rt.lock(key).lease(LOSS_LEASE),
-        body.run(Some(held_tx)),
-    ));
+    let (task, held_rx) = body.spawn(rt.lock(key).lease(LOSS_LEASE));
     held_rx.await.expect("the body runs");
     fixture.delete_lock(key).await;
     let deleted = Instant::now();

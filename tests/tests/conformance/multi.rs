@@ -242,9 +242,7 @@ pub(crate) async fn losing_one_key_loses_the_set(engine: Engine) {
         "conformance:multi:lost-body:b",
     ];
     let body = LongBody::default();
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let lock = rt.lock_all(keys).lease(lease);
-    let task = tokio::spawn(with_lock(lock, body.run(Some(held_tx))));
+    let (task, held_rx) = body.spawn(rt.lock_all(keys).lease(lease));
     held_rx.await.expect("the body runs");
     fixture.delete_lock(keys[1]).await;
     let out = tokio::time::timeout(seen_within, task)
