@@ -21,6 +21,16 @@ const HOLD: Duration = Duration::from_millis(1);
 /// How many tasks of one runtime contend in the tests of [`one_runtime`].
 const TASKS: usize = 16;
 
+/// Waits up to 30 s for `key` on `rt` (lease [`LEASE`]) and releases it at once: with another
+/// waiter of the runtime queued behind, the release parks the hold for the next head.
+async fn hold_and_park(rt: &Runtime, key: &str) {
+    let guard = rt.hold_within(key, LEASE, Duration::from_secs(30)).await;
+    guard
+        .release()
+        .await
+        .expect("release: parked for the next head");
+}
+
 /// `tasks` tasks of `rt`, each acquiring `key` `each` times (holding it for an await of
 /// `hold`, none if zero); the fences in the order the holders got them, tagged with `tag`.
 async fn contend(
@@ -366,11 +376,7 @@ async fn hold_parked_for_a_waiter_that_leaves_before_heading_the_queue_is_releas
     let first = tokio::spawn({
         let (rt, second_slot) = (rt.clone(), second_slot.clone());
         async move {
-            let guard = rt.hold_within(key, LEASE, Duration::from_secs(30)).await;
-            guard
-                .release()
-                .await
-                .expect("release: parked for the next head");
+            hold_and_park(&rt, key).await;
             let second = second_slot
                 .lock()
                 .unwrap()
@@ -417,11 +423,7 @@ async fn hold_parked_for_a_head_asking_another_lease_is_released_not_handed() {
     let first = tokio::spawn({
         let rt = rt.clone();
         async move {
-            let guard = rt.hold_within(key, LEASE, Duration::from_secs(30)).await;
-            guard
-                .release()
-                .await
-                .expect("release: parked for the next head");
+            hold_and_park(&rt, key).await;
         }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
