@@ -305,6 +305,11 @@ where
     rounds
 }
 
+/// Keeps `guard` for `period`, asserting every 100 ms that it is not lost.
+pub async fn stays_held(guard: &LockGuard, period: Duration) {
+    while_held(guard, period, Duration::from_millis(100), |_| async {}).await;
+}
+
 /// Awaits the tasks in order, giving each up to `within` once the previous one has finished;
 /// panics if one takes longer or panicked. Returns their outputs in order.
 pub async fn finish_within<T>(

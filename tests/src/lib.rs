@@ -27,7 +27,7 @@ pub mod turns;
 pub use acquire::{
     AcquireExt, BuildExt, HoldExt, LONG_LEASE, LONG_WAIT, acquire_within, assert_busy, assert_free,
     assert_ttl_within_lease, finish_within, hand_off, held_long, release_wakes_the_waiter,
-    waiter_got_it, while_held,
+    stays_held, waiter_got_it, while_held,
 };
 pub use logs::{Logs, captured_logs};
 pub use processes::{
@@ -37,7 +37,8 @@ pub use processes::{
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub use dlock_testkit::redis::{
-    REDIS_SERVER_ENV, fence_key, lock_key, released_channel, script_calls_in, turns_key,
+    REDIS_SERVER_ENV, fence_key, lock_key, redlock_hosts, released_channel, script_calls_in,
+    turns_key,
 };
 pub use dlock_testkit::{HolderProcess, RedisKeys, RedisServer, cluster, etcd, limits, zookeeper};
 

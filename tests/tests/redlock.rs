@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{
     AcquireExt, BuildExt, Counting, HoldExt, LONG_LEASE, LongBody, RedisServer, Runtime,
-    assert_between, count_in_processes, eventually, hold_in_process, lock_key, released_channel,
+    assert_between, count_in_processes, eventually, hold_in_process, lock_key, redlock_hosts,
+    released_channel,
 };
 
 /// Per-node timeout of the tests that are not about timing: a loaded box must not turn a
@@ -50,12 +51,7 @@ impl Nodes {
 
     /// `redlock://127.0.0.1:p1,127.0.0.1:p2,...` plus `query` (without the `?`) if not empty.
     fn redlock_url(&self, query: &str) -> String {
-        let hosts: Vec<String> = self
-            .servers
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
-            .collect();
-        let mut url = format!("redlock://{}", hosts.join(","));
+        let mut url = format!("redlock://{}", redlock_hosts(&self.servers));
         if !query.is_empty() {
             url.push('?');
             url.push_str(query);

@@ -260,6 +260,15 @@ impl Deref for RedisServer {
     }
 }
 
+/// The hosts part of a `redlock://` URL over `servers`: `127.0.0.1:p1,127.0.0.1:p2,...`.
+pub fn redlock_hosts(servers: &[RedisServer]) -> String {
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    hosts.join(",")
+}
+
 /// Sums the `calls` of every script-running command in an `INFO commandstats` reply.
 pub fn script_calls_in(info: &str) -> u64 {
     const SCRIPT_COMMANDS: [&str; 6] = [

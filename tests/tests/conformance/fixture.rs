@@ -8,7 +8,9 @@ use dlock_tests::cluster::RedisCluster;
 use dlock_tests::etcd::EtcdServer;
 use dlock_tests::limits::{self, EngineLimits};
 use dlock_tests::zookeeper::ZooKeeperServer;
-use dlock_tests::{RedisKeys, RedisServer, Runtime, eventually, lock_key, released_channel};
+use dlock_tests::{
+    RedisKeys, RedisServer, Runtime, eventually, lock_key, redlock_hosts, released_channel,
+};
 
 /// The six engines every behaviour runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,16 +169,10 @@ impl Fixture {
             Servers::Memory(_) => None,
             Servers::Redis(server) => Some(server.url()),
             Servers::Cluster(cluster) => Some(cluster.url()),
-            Servers::Redlock(servers) => {
-                let hosts: Vec<String> = servers
-                    .iter()
-                    .map(|s| format!("127.0.0.1:{}", s.port()))
-                    .collect();
-                Some(format!(
-                    "redlock://{}?node_timeout={REDLOCK_NODE_TIMEOUT}",
-                    hosts.join(",")
-                ))
-            }
+            Servers::Redlock(servers) => Some(format!(
+                "redlock://{}?node_timeout={REDLOCK_NODE_TIMEOUT}",
+                redlock_hosts(servers)
+            )),
             Servers::Etcd(etcd) => Some(etcd.url()),
             Servers::ZooKeeper(zk) => Some(zk.url()),
         }
