@@ -506,24 +506,17 @@ async fn lock_hashes(b: &Backend, id: u64) -> Vec<String> {
     }
 }
 
+/// What the two key forms below return: the lock hashes seen inside, and `during`'s output.
+type HeldBy<F> = Result<(Vec<String>, <F as Future>::Output), AppError>;
+
 #[distributed_lock(key = "form:<id>", lease = "30s")]
-async fn held_by_angle_form<F: Future>(
-    id: u64,
-    b: &Backend,
-    during: F,
-) -> Result<(Vec<String>, F::Output), AppError> {
-    let names = lock_hashes(b, id).await;
-    Ok((names, during.await))
+async fn held_by_angle_form<F: Future>(id: u64, b: &Backend, during: F) -> HeldBy<F> {
+    Ok((lock_hashes(b, id).await, during.await))
 }
 
 #[distributed_lock(key = "form:{id}", lease = "30s")]
-async fn held_by_brace_form<F: Future>(
-    id: u64,
-    b: &Backend,
-    during: F,
-) -> Result<(Vec<String>, F::Output), AppError> {
-    let names = lock_hashes(b, id).await;
-    Ok((names, during.await))
+async fn held_by_brace_form<F: Future>(id: u64, b: &Backend, during: F) -> HeldBy<F> {
+    Ok((lock_hashes(b, id).await, during.await))
 }
 
 #[distributed_lock(key = "form:<id>", lease = "30s", wait = "0s")]
