@@ -7,11 +7,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dlock_runtime::LockGuard;
 use dlock_runtime::testing::scripts::FENCE_BLOCK;
 use dlock_tests::{
     AcquireExt, HoldExt, RedisServer, Runtime, finish_within, lock_key, redis_with_runtime, turns,
     turns_key, waiter_got_it,
 };
+use tokio::task::JoinHandle;
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -31,6 +33,17 @@ async fn hold_and_park(rt: &Runtime, key: &str) {
         .expect("release: parked for the next head");
 }
 
+/// After 100 ms (for the second waiter to queue), releases `holder`, which hands the key to the
+/// first waiter, and joins that waiter's task.
+async fn release_to_the_first(holder: LockGuard, first: JoinHandle<()>) {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder
+        .release()
+        .await
+        .expect("release: handed to the first");
+    first.await.expect("the first waiter");
+}
+
 /// `tasks` tasks of `rt`, each acquiring `key` `each` times (holding it for an await of
 /// `hold`, none if zero); the fences in the order the holders got them, tagged with `tag`.
 async fn contend(
@@ -39,7 +52,7 @@ async fn contend(
     (tasks, each, hold): (usize, usize, Duration),
     tag: usize,
     order: &Arc<Mutex<Vec<(usize, u64)>>>,
-) -> Vec<tokio::task::JoinHandle<()>> {
+) -> Vec<JoinHandle<()>> {
     (0..tasks)
         .map(|_| {
             let (rt, order) = (rt.clone(), order.clone());
@@ -394,12 +407,7 @@ async fn hold_parked_for_a_waiter_that_leaves_before_heading_the_queue_is_releas
         }
     });
     *second_slot.lock().unwrap() = Some(second.abort_handle());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    holder
-        .release()
-        .await
-        .expect("release: handed to the first");
-    first.await.expect("the first waiter");
+    release_to_the_first(holder, first).await;
     assert!(second.await.expect_err("aborted").is_cancelled());
     let freed = dlock_tests::eventually(
         Duration::from_secs(2),
@@ -431,12 +439,7 @@ async fn hold_parked_for_a_head_asking_another_lease_is_released_not_handed() {
         let rt = rt.clone();
         async move { rt.hold_within(key, short, Duration::from_secs(30)).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    holder
-        .release()
-        .await
-        .expect("release: handed to the first");
-    first.await.expect("the first waiter");
+    release_to_the_first(holder, first).await;
     let guard = tokio::time::timeout(Duration::from_secs(5), second)
         .await
         .expect("the second waiter acquires")
