@@ -27,6 +27,16 @@ async fn runtime(cluster: &RedisCluster) -> Runtime {
         .await
 }
 
+/// `N` runtimes on `cluster` (see [`runtime`]), each standing for another process.
+async fn runtimes<const N: usize>(cluster: &RedisCluster) -> [Runtime; N] {
+    let mut rts = Vec::with_capacity(N);
+    for _ in 0..N {
+        rts.push(runtime(cluster).await);
+    }
+    rts.try_into()
+        .unwrap_or_else(|_: Vec<Runtime>| unreachable!("N runtimes"))
+}
+
 /// Waits up to 3 s until the lock hashes of `keys` reach the first replica of `master`
 /// (replication is asynchronous: a lock the replica never received is lost in a failover);
 /// returns that replica.
@@ -248,8 +258,7 @@ async fn holder_process_on_a_cluster_url_excludes_until_killed() {
 async fn release_wakes_a_waiter_on_every_shard_within_500_ms() {
     let cluster = RedisCluster::start();
     let keys = cluster.one_key_per_master("wake").await;
-    let holder_rt = runtime(&cluster).await;
-    let waiter_rt = runtime(&cluster).await;
+    let [holder_rt, waiter_rt] = runtimes(&cluster).await;
     for (key, master) in &keys {
         let holder = holder_rt.hold(key.as_str(), LONG_LEASE).await;
         let waiter = waiter_rt
@@ -287,8 +296,7 @@ async fn watchdog_keeps_one_second_leases_on_every_shard_and_batches_per_slot() 
     let (same_slot, slot) = cluster.keys_in_one_slot("renew-slot", SAME_SLOT).await;
     keys.extend(same_slot.iter().cloned());
     let slot_master = cluster.master_for_slot(slot).await;
-    let rt = runtime(&cluster).await;
-    let other = runtime(&cluster).await;
+    let [rt, other] = runtimes(&cluster).await;
     let mut guards = Vec::new();
     for key in &keys {
         guards.push(rt.lock(key.as_str()).lease(lease).held("acquire").await);
@@ -366,8 +374,7 @@ async fn watchdog_keeps_one_second_leases_on_every_shard_and_batches_per_slot() 
 async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
     let cluster = RedisCluster::start();
     let keys = cluster.one_key_per_master("fence").await;
-    let a = runtime(&cluster).await;
-    let b = runtime(&cluster).await;
+    let [a, b] = runtimes(&cluster).await;
     for (key, master) in &keys {
         let mut last = 0u64;
         for round in 0..6 {
@@ -410,8 +417,7 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
     let master = cluster.master_for_slot(0).await;
     let keys = cluster.keys_on_master("failover", master, 3).await;
     let (kept, dropped, fresh) = (&keys[0], &keys[1], &keys[2]);
-    let rt = runtime(&cluster).await;
-    let other = runtime(&cluster).await;
+    let [rt, other] = runtimes(&cluster).await;
     let kept_guard = rt.lock(kept.as_str()).lease(lease).held("acquire").await;
     let dropped_guard = rt.lock(dropped.as_str()).lease(lease).held("acquire").await;
     let owner = cluster
@@ -497,8 +503,7 @@ async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
         .keys_on_master("failover-wake", master, 1)
         .await
         .remove(0);
-    let holder_rt = runtime(&cluster).await;
-    let waiter_rt = runtime(&cluster).await;
+    let [holder_rt, waiter_rt] = runtimes(&cluster).await;
     let holder = holder_rt.hold(key.as_str(), LONG_LEASE).await;
     let holder_fence = holder.fence().expect("fence");
     let waiter = {
