@@ -524,37 +524,37 @@ async fn paused_server_is_a_backend_error_within_the_timeout() {
     let acquire_took = start.elapsed();
     zk.resume();
     let mut problems = Vec::new();
-    match built {
-        Err(_) => problems.push("connect to a paused server hung for 10 s".to_owned()),
-        Ok(Ok(_)) => problems.push("connected to a paused server".to_owned()),
-        Ok(Err(err)) => {
-            println!("paused server: connect {err:?} after {connect_took:?}");
-            if !err.is_backend() {
-                problems.push(format!("connect: expected Backend, got {err:?}"));
-            }
-            if connect_took > Duration::from_secs(3) {
-                problems.push(format!("connect took {connect_took:?}"));
-            }
-        }
-    }
-    match acquired {
-        Err(_) => problems.push("acquire on a paused server hung for 10 s".to_owned()),
-        Ok(Ok(())) => problems.push("acquired on a paused server".to_owned()),
-        Ok(Err(err)) => {
-            println!("paused server: acquire {err:?} after {acquire_took:?}");
-            if !err.is_backend() {
-                problems.push(format!("acquire: expected Backend, got {err:?}"));
-            }
-            if acquire_took > Duration::from_secs(3) {
-                problems.push(format!("acquire took {acquire_took:?}"));
-            }
-        }
-    }
+    refused_while_paused("connect", built, connect_took, &mut problems);
+    refused_while_paused("acquire", acquired, acquire_took, &mut problems);
     assert!(
         !body_ran.load(Ordering::SeqCst),
         "the body ran without the lock"
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Records in `problems` what is wrong with `what` (a connect, an acquire) against a paused
+/// server, from its `outcome` (`Err` if it hung for 10 s) and how long it `took`: it must fail,
+/// with `Backend`, within 3 s.
+fn refused_while_paused<T>(
+    what: &str,
+    outcome: Result<Result<T, LockError>, tokio::time::error::Elapsed>,
+    took: Duration,
+    problems: &mut Vec<String>,
+) {
+    match outcome {
+        Err(_) => problems.push(format!("{what} on a paused server hung for 10 s")),
+        Ok(Ok(_)) => problems.push(format!("{what} on a paused server succeeded")),
+        Ok(Err(err)) => {
+            println!("paused server: {what} {err:?} after {took:?}");
+            if !err.is_backend() {
+                problems.push(format!("{what}: expected Backend, got {err:?}"));
+            }
+            if took > Duration::from_secs(3) {
+                problems.push(format!("{what} took {took:?}"));
+            }
+        }
+    }
 }
 
 /// What the test servers with a clamped session grant (their `maxSessionTimeout`), while the
