@@ -15,7 +15,7 @@ use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{
     AcquireExt, BuildExt, Counting, HoldExt, LONG_LEASE, LongBody, RedisServer, Runtime,
     assert_between, count_in_processes, eventually, hold_in_process, lock_key, redlock_hosts,
-    released_channel,
+    released_channel, waiter_got_it,
 };
 
 /// Per-node timeout of the tests that are not about timing: a loaded box must not turn a
@@ -918,13 +918,7 @@ async fn waiter_subscribes_on_every_node() {
     let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:notified";
     let guard = a.lock(key).held("A acquires").await;
-    let waiter = tokio::spawn(async move {
-        b.lock(key)
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-            .map(drop)
-    });
+    let waiter = b.lock(key).wait(Duration::from_secs(10)).spawn();
     let channel = released_channel(key);
     for (i, server) in nodes.live() {
         eventually(
@@ -935,11 +929,8 @@ async fn waiter_subscribes_on_every_node() {
         .await;
     }
     guard.release().await.expect("A releases");
-    tokio::time::timeout(Duration::from_secs(15), waiter)
-        .await
-        .expect("the waiter finishes")
-        .expect("waiter task")
-        .expect("the waiter acquires after the release");
+    let what = "the waiter acquires after the release";
+    let (_guard, _) = waiter_got_it(waiter, Duration::from_secs(15), what).await;
 }
 
 /// Several OS processes, each with its own Redlock runtime on the same three nodes, increment
