@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_tests::{LONG_WAIT, finish_within, held_long};
+use dlock_tests::{LONG_WAIT, held_long};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::assert_nothing_left;
@@ -22,11 +22,11 @@ pub(crate) async fn mutual_exclusion_with_many_contenders(engine: Engine) {
     let key = "conformance:exclusion";
     let counter = Arc::new(AtomicU64::new(0));
     let inside = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for rt in fixture.runtimes(RUNTIMES).await {
-        for _ in 0..TASKS_PER_RUNTIME {
-            let (rt, counter, inside) = (rt.clone(), counter.clone(), inside.clone());
-            tasks.push(tokio::spawn(async move {
+    let tasks = (RUNTIMES, TASKS_PER_RUNTIME);
+    fixture
+        .tasks_on_each(tasks, Duration::from_secs(120), |rt| {
+            let (counter, inside) = (counter.clone(), inside.clone());
+            async move {
                 let what = format!("{engine:?}: acquire");
                 for _ in 0..ITERATIONS {
                     let guard = held_long(rt.lock(key), LONG_WAIT, &what).await;
@@ -41,10 +41,9 @@ pub(crate) async fn mutual_exclusion_with_many_contenders(engine: Engine) {
                         .await
                         .unwrap_or_else(|e| panic!("{engine:?}: release: {e:?}"));
                 }
-            }));
-        }
-    }
-    finish_within(tasks, Duration::from_secs(120)).await;
+            }
+        })
+        .await;
     assert_eq!(
         counter.load(Ordering::SeqCst),
         (RUNTIMES * TASKS_PER_RUNTIME) as u64 * ITERATIONS,

@@ -191,11 +191,10 @@ pub(crate) async fn a_semaphore_never_exceeds_its_permits(engine: Engine) {
     let key = "conformance:semaphore:bound";
     let inside = Arc::new(AtomicU64::new(0));
     let most = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for rt in fixture.runtimes(3).await {
-        for _ in 0..5 {
-            let (rt, inside, most) = (rt.clone(), inside.clone(), most.clone());
-            tasks.push(tokio::spawn(async move {
+    fixture
+        .tasks_on_each((3, 5), Duration::from_secs(120), |rt| {
+            let (inside, most) = (inside.clone(), most.clone());
+            async move {
                 for _ in 0..4 {
                     let what = format!("{engine:?}: a permit");
                     let permit = held_long(rt.semaphore(key, PERMITS), LONG_WAIT, &what).await;
@@ -205,10 +204,9 @@ pub(crate) async fn a_semaphore_never_exceeds_its_permits(engine: Engine) {
                     inside.fetch_sub(1, Ordering::SeqCst);
                     permit.release().await.expect("release a permit");
                 }
-            }));
-        }
-    }
-    finish_within(tasks, Duration::from_secs(120)).await;
+            }
+        })
+        .await;
     let most = most.load(Ordering::SeqCst);
     assert!(
         most <= u64::from(PERMITS),
