@@ -499,10 +499,7 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
 async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
     let mut cluster = RedisCluster::start();
     let master = cluster.master_for_slot(0).await;
-    let key = cluster
-        .keys_on_master("failover-wake", master, 1)
-        .await
-        .remove(0);
+    let key = cluster.key_on_master("failover-wake", master).await;
     let [holder_rt, waiter_rt] = runtimes(&cluster).await;
     let holder = holder_rt.hold(key.as_str(), LONG_LEASE).await;
     let holder_fence = holder.fence().expect("fence");
@@ -849,7 +846,7 @@ async fn lock_taken_right_after_a_master_restart_stays_held_for_several_leases()
             .cycled("before the restart")
             .await;
     }
-    let key = cluster.keys_on_master("restart", master, 1).await.remove(0);
+    let key = cluster.key_on_master("restart", master).await;
     // SIGKILL and an immediate restart: no failover; the node comes back as the master of its
     // slots, empty, and answers CLUSTERDOWN until it has rejoined (about two seconds).
     cluster.kill9(master);
@@ -903,7 +900,7 @@ async fn renewals_failing_after_a_master_restart_are_warned_and_the_loss_reporte
     let mut cluster = RedisCluster::start();
     let rt = runtime(&cluster).await;
     let master = cluster.master_for_slot(0).await;
-    let key = cluster.keys_on_master("warned", master, 1).await.remove(0);
+    let key = cluster.key_on_master("warned", master).await;
     let guard = rt.lock(key.as_str()).lease(lease).held("acquire").await;
     // A renewal confirmed before the fault.
     tokio::time::sleep(lease / 3 + Duration::from_millis(300)).await;

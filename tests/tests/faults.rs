@@ -330,10 +330,7 @@ async fn redis_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
 async fn cluster_master_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
     let mut cluster = RedisCluster::start();
     let master = cluster.master_for_slot(0).await;
-    let key = cluster
-        .keys_on_master("faults:restart", master, 1)
-        .await
-        .remove(0);
+    let key = cluster.key_on_master("faults:restart", master).await;
     let built = || {
         Runtime::builder()
             .redis_cluster(cluster.seeds())
