@@ -80,12 +80,17 @@ async fn reserve(client: &reqwest::Client, addr: SocketAddr) -> Outcome {
     }
 }
 
-async fn stock(client: &reqwest::Client, addr: SocketAddr) -> i64 {
-    let response = client
+/// `GET /items/{ITEM}`.
+async fn get_item(client: &reqwest::Client, addr: SocketAddr) -> reqwest::Response {
+    client
         .get(format!("http://{addr}/items/{ITEM}"))
         .send()
         .await
-        .expect("send a GET");
+        .expect("send a GET")
+}
+
+async fn stock(client: &reqwest::Client, addr: SocketAddr) -> i64 {
+    let response = get_item(client, addr).await;
     assert_eq!(response.status(), StatusCode::OK);
     let item: Item = response.json().await.expect("an item body");
     assert_eq!(item.id, ITEM);
@@ -122,11 +127,7 @@ async fn sale(store: Store, runtime: Runtime) {
         .build()
         .expect("an http client");
 
-    let missing = client
-        .get(format!("http://{addr}/items/{ITEM}"))
-        .send()
-        .await
-        .expect("send a GET");
+    let missing = get_item(&client, addr).await;
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     let put = client
         .put(format!("http://{addr}/items/{ITEM}"))

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_testkit::etcd::{EtcdCluster, EtcdServer};
+use dlock_testkit::etcd::{EtcdCluster, EtcdKv, EtcdServer};
 use dlock_testkit::zookeeper::{MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT, ZooKeeperServer};
 
 /// How long the members of a 3-member etcd cluster may take to agree on a leader after a fault:
@@ -25,6 +25,12 @@ fn wait_until_healthy(cluster: &EtcdCluster, i: usize) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Asserts that `kv` (a key read back) holds `expected`.
+#[track_caller]
+fn assert_value(kv: Option<EtcdKv>, expected: &str) {
+    assert_eq!(kv.map(|kv| kv.value), Some(expected.as_bytes().to_vec()));
 }
 
 #[test]
@@ -90,10 +96,7 @@ fn etcd_single_member_serves_kv_and_leases() {
     println!("etcd (1 member) restarted in {:?}", restarted.elapsed());
     assert_ne!(etcd.pid(), old_pid);
     assert_eq!(etcd.port(), port);
-    assert_eq!(
-        etcd.get("smoke/key").map(|kv| kv.value),
-        Some(b"hello".to_vec())
-    );
+    assert_value(etcd.get("smoke/key"), "hello");
 }
 
 #[test]
@@ -144,10 +147,7 @@ fn etcd_cluster_of_three_elects_a_new_leader_after_kill9() {
     );
 
     // The two survivors form a quorum: reads see the old write, writes commit.
-    assert_eq!(
-        cluster.get("smoke/cluster").map(|kv| kv.value),
-        Some(b"before".to_vec())
-    );
+    assert_value(cluster.get("smoke/cluster"), "before");
     cluster.put("smoke/cluster", "after");
 
     // The killed member rejoins (ready: it knows a leader) and catches up. It may start an
@@ -174,10 +174,7 @@ fn etcd_cluster_of_three_elects_a_new_leader_after_kill9() {
     cluster.put("smoke/cluster", "paused follower");
     cluster.resume(follower);
     wait_until_healthy(&cluster, follower);
-    assert_eq!(
-        cluster.get("smoke/cluster").map(|kv| kv.value),
-        Some(b"paused follower".to_vec())
-    );
+    assert_value(cluster.get("smoke/cluster"), "paused follower");
 }
 
 #[test]

@@ -12,6 +12,9 @@ use tokio::task::JoinHandle;
 pub trait HoldExt {
     /// Acquires `key` with `lease` (default wait); panics naming both if that fails.
     fn hold(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send;
+    /// Acquires `key` with `lease` as a hard cap (no watchdog: lost when the lease runs out);
+    /// panics naming both if that fails.
+    fn hold_capped(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send;
     /// Acquires `key` with `lease`, waiting up to `wait`; panics naming the key if that fails.
     fn hold_within(
         &self,
@@ -24,6 +27,12 @@ pub trait HoldExt {
 impl HoldExt for Runtime {
     fn hold(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send {
         let (lock, what) = (self.lock(key).lease(lease), format!("hold {key:?}"));
+        async move { lock.held(&what).await }
+    }
+
+    fn hold_capped(&self, key: &str, lease: Duration) -> impl Future<Output = LockGuard> + Send {
+        let lock = self.lock(key).lease(lease).watchdog(false);
+        let what = format!("hold {key:?} capped at {lease:?}");
         async move { lock.held(&what).await }
     }
 
@@ -210,6 +219,15 @@ impl AcquireExt for LockBuilder {
 /// A lease no test waits out: a key that frees up within a test's bounds was released.
 pub const LONG_LEASE: Duration = Duration::from_secs(30);
 
+/// A wait no contender of a test runs out of: a waiter that gives up was kept out.
+pub const LONG_WAIT: Duration = Duration::from_secs(60);
+
+/// Acquires `lock` (a plain lock, a read lock, a permit or a key set) with [`LONG_LEASE`],
+/// waiting up to `wait`; panics with `what` and the error if that fails.
+pub async fn held_long(lock: LockBuilder, wait: Duration, what: &str) -> LockGuard {
+    lock.lease(LONG_LEASE).wait(wait).held(what).await
+}
+
 /// Joins a waiter from [`AcquireExt::spawn`] within `within`; panics with `what` unless it got
 /// the key. Returns the guard and when it came.
 pub async fn waiter_got_it(
@@ -285,6 +303,11 @@ where
         tokio::time::sleep(every).await;
     }
     rounds
+}
+
+/// Keeps `guard` for `period`, asserting every 100 ms that it is not lost.
+pub async fn stays_held(guard: &LockGuard, period: Duration) {
+    while_held(guard, period, Duration::from_millis(100), |_| async {}).await;
 }
 
 /// Awaits the tasks in order, giving each up to `within` once the previous one has finished;

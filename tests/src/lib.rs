@@ -25,18 +25,20 @@ mod processes;
 pub mod turns;
 
 pub use acquire::{
-    AcquireExt, BuildExt, HoldExt, LONG_LEASE, acquire_within, assert_busy, assert_free,
-    assert_ttl_within_lease, finish_within, hand_off, release_wakes_the_waiter, waiter_got_it,
-    while_held,
+    AcquireExt, BuildExt, HoldExt, LONG_LEASE, LONG_WAIT, acquire_within, assert_busy, assert_free,
+    assert_ttl_within_lease, finish_within, hand_off, held_long, release_wakes_the_waiter,
+    stays_held, waiter_got_it, while_held,
 };
 pub use logs::{Logs, captured_logs};
 pub use processes::{
     Counting, count_in_processes, hold_fenced_in_process, hold_in_process, holder_bin,
+    spawn_hold_process,
 };
 
 pub use dlock_runtime::{LockError, LockGuard, Runtime};
 pub use dlock_testkit::redis::{
-    REDIS_SERVER_ENV, fence_key, lock_key, released_channel, script_calls_in, turns_key,
+    REDIS_SERVER_ENV, fence_key, lock_key, redlock_hosts, released_channel, script_calls_in,
+    turns_key,
 };
 pub use dlock_testkit::{HolderProcess, RedisKeys, RedisServer, cluster, etcd, limits, zookeeper};
 
@@ -237,6 +239,21 @@ where
     }
 }
 
+/// GET `counter`, sleep 1 ms, SET it to the value + 1: loses updates unless the callers are
+/// mutually excluded (the counters of the exclusion tests and of `dlock-holder`).
+pub async fn racy_increment(
+    counter: &str,
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> redis::RedisResult<()> {
+    let value: Option<u64> = redis::cmd("GET").arg(counter).query_async(conn).await?;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    redis::cmd("SET")
+        .arg(counter)
+        .arg(value.unwrap_or(0) + 1)
+        .query_async(conn)
+        .await
+}
+
 /// A small xorshift generator: reproducible from the seed it prints, no dependency.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
@@ -283,5 +300,63 @@ pub struct SetOnDrop(pub Arc<AtomicBool>);
 impl Drop for SetOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A `with_lock` body that would run for a minute, recording whether it completed and whether
+/// it was dropped.
+#[derive(Default)]
+pub struct LongBody {
+    completed: Arc<AtomicBool>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl LongBody {
+    /// The body: tells `held` it runs, then sleeps 60 s and marks itself completed.
+    pub fn run(
+        &self,
+        held: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> impl Future<Output = ()> + Send + use<> {
+        let (completed, flag) = (self.completed.clone(), SetOnDrop(self.dropped.clone()));
+        async move {
+            let _flag = flag;
+            if let Some(held) = held {
+                held.send(()).expect("the test waits");
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            completed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Runs the body under `lock` (`with_lock`) in a task of its own; returns the task and a
+    /// receiver told once the body runs.
+    pub fn spawn(
+        &self,
+        lock: dlock_runtime::LockBuilder,
+    ) -> (
+        tokio::task::JoinHandle<Result<(), LockError>>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(dlock_runtime::with_lock(lock, self.run(Some(held_tx))));
+        (task, held_rx)
+    }
+
+    /// Asserts `with_lock` returned `Err(Lost)` naming `key`, having dropped the body before
+    /// its end; the failure names `what`.
+    #[track_caller]
+    pub fn assert_cancelled_with_lost(&self, what: &str, key: &str, out: Result<(), LockError>) {
+        match out {
+            Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key, "{what}: the lost key"),
+            other => panic!("{what}: expected Err(Lost), got {other:?}"),
+        }
+        assert!(
+            self.dropped.load(Ordering::SeqCst),
+            "{what}: the body must be dropped"
+        );
+        assert!(
+            !self.completed.load(Ordering::SeqCst),
+            "{what}: the body ran to its end"
+        );
     }
 }

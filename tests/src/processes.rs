@@ -29,14 +29,8 @@ fn spawn(args: &[&str]) -> HolderProcess {
 }
 
 /// Starts `dlock-holder --mode hold` taking `key` on `url` with a `lease_ms` lease (plus
-/// `extra` arguments), and waits up to 20 s for its `acquired <fence>` line. Returns the process
-/// and the fence it printed (`None` for `acquired none`: Redlock).
-pub async fn hold_in_process(
-    url: &str,
-    key: &str,
-    lease_ms: u64,
-    extra: &[&str],
-) -> (HolderProcess, Option<u64>) {
+/// `extra` arguments), without waiting for it to acquire.
+pub fn spawn_hold_process(url: &str, key: &str, lease_ms: u64, extra: &[&str]) -> HolderProcess {
     let lease_ms = lease_ms.to_string();
     let mut args = vec![
         "--url",
@@ -49,7 +43,18 @@ pub async fn hold_in_process(
         &lease_ms,
     ];
     args.extend_from_slice(extra);
-    let mut holder = spawn(&args);
+    spawn(&args)
+}
+
+/// [`spawn_hold_process`], then waits up to 20 s for its `acquired <fence>` line. Returns the
+/// process and the fence it printed (`None` for `acquired none`: Redlock).
+pub async fn hold_in_process(
+    url: &str,
+    key: &str,
+    lease_ms: u64,
+    extra: &[&str],
+) -> (HolderProcess, Option<u64>) {
+    let mut holder = spawn_hold_process(url, key, lease_ms, extra);
     let line = holder.next_line(Duration::from_secs(20)).await;
     let fence = match line.strip_prefix("acquired ") {
         Some("none") => None,

@@ -11,13 +11,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockError, current_fence, distributed_lock, lock, with_lock};
+use dlock_runtime::{LockError, Runtime, current_fence, distributed_lock, lock, with_lock};
 use dlock_tests::{
     AcquireExt, Backend, Counting, Engine, HoldExt, RedisServer, assert_between,
     count_in_processes, lock_key, on_both_backends, redis_with_runtime,
 };
 use redis::aio::MultiplexedConnection;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 #[derive(Debug)]
 enum AppError {
@@ -250,16 +251,9 @@ async fn attribute_future_is_send_and_spawnable(b: Backend) {
 
 // ---- mutual exclusion across tasks ----------------------------------------------------------
 
-/// GET, sleep 1 ms, SET + 1: loses updates unless callers are mutually excluded.
+/// [`dlock_tests::racy_increment`] as the attribute's error type.
 async fn racy_increment(counter: &str, conn: &mut MultiplexedConnection) -> Result<(), AppError> {
-    let value: Option<u64> = redis::cmd("GET").arg(counter).query_async(conn).await?;
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    let () = redis::cmd("SET")
-        .arg(counter)
-        .arg(value.unwrap_or(0) + 1)
-        .query_async(conn)
-        .await?;
-    Ok(())
+    Ok(dlock_tests::racy_increment(counter, conn).await?)
 }
 
 /// [`racy_increment`] under the attribute, counting how many callers are inside at once.
@@ -512,24 +506,17 @@ async fn lock_hashes(b: &Backend, id: u64) -> Vec<String> {
     }
 }
 
+/// What the two key forms below return: the lock hashes seen inside, and `during`'s output.
+type HeldBy<F> = Result<(Vec<String>, <F as Future>::Output), AppError>;
+
 #[distributed_lock(key = "form:<id>", lease = "30s")]
-async fn held_by_angle_form<F: Future>(
-    id: u64,
-    b: &Backend,
-    during: F,
-) -> Result<(Vec<String>, F::Output), AppError> {
-    let names = lock_hashes(b, id).await;
-    Ok((names, during.await))
+async fn held_by_angle_form<F: Future>(id: u64, b: &Backend, during: F) -> HeldBy<F> {
+    Ok((lock_hashes(b, id).await, during.await))
 }
 
 #[distributed_lock(key = "form:{id}", lease = "30s")]
-async fn held_by_brace_form<F: Future>(
-    id: u64,
-    b: &Backend,
-    during: F,
-) -> Result<(Vec<String>, F::Output), AppError> {
-    let names = lock_hashes(b, id).await;
-    Ok((names, during.await))
+async fn held_by_brace_form<F: Future>(id: u64, b: &Backend, during: F) -> HeldBy<F> {
+    Ok((lock_hashes(b, id).await, during.await))
 }
 
 #[distributed_lock(key = "form:<id>", lease = "30s", wait = "0s")]
@@ -670,26 +657,62 @@ async fn attribute_timeout_converts_into_callers_error_variant(b: Backend) {
 /// third of the 1 s lease).
 const LOST_BODY: Duration = Duration::from_secs(3);
 
-#[distributed_lock(key = "on-lost:ignore", lease = "1s", on_lost = "ignore")]
-async fn ignores_loss(
+/// The body of both functions below: tells `entered` it runs, runs for [`LOST_BODY`], then sets
+/// `completed` and returns 7.
+struct LostBody {
     entered: oneshot::Sender<()>,
     completed: Arc<AtomicBool>,
-) -> Result<u64, AppError> {
-    let _ = entered.send(());
-    tokio::time::sleep(LOST_BODY).await;
-    completed.store(true, Ordering::SeqCst);
-    Ok(7)
+}
+
+impl LostBody {
+    async fn run(self) -> Result<u64, AppError> {
+        let _ = self.entered.send(());
+        tokio::time::sleep(LOST_BODY).await;
+        self.completed.store(true, Ordering::SeqCst);
+        Ok(7)
+    }
+}
+
+#[distributed_lock(key = "on-lost:ignore", lease = "1s", on_lost = "ignore")]
+async fn ignores_loss(body: LostBody) -> Result<u64, AppError> {
+    body.run().await
 }
 
 #[distributed_lock(key = "on-lost:cancel", lease = "1s", on_lost = "cancel")]
-async fn cancelled_on_loss(
-    entered: oneshot::Sender<()>,
-    completed: Arc<AtomicBool>,
-) -> Result<u64, AppError> {
-    let _ = entered.send(());
-    tokio::time::sleep(LOST_BODY).await;
-    completed.store(true, Ordering::SeqCst);
-    Ok(7)
+async fn cancelled_on_loss(body: LostBody) -> Result<u64, AppError> {
+    body.run().await
+}
+
+/// Calls `call` (one of the two functions above, on `rt`, with a [`LostBody`]) in a task of
+/// its own and waits until its body runs. Returns the task and the body's `completed` flag.
+async fn call_until_entered<F>(
+    rt: &Runtime,
+    call: impl FnOnce(LostBody) -> F,
+) -> (JoinHandle<Result<u64, AppError>>, Arc<AtomicBool>)
+where
+    F: Future<Output = Result<u64, AppError>> + Send + 'static,
+{
+    let completed = Arc::new(AtomicBool::new(false));
+    let (entered, is_in) = oneshot::channel();
+    let body = LostBody {
+        entered,
+        completed: completed.clone(),
+    };
+    let (rt, call) = (rt.clone(), call(body));
+    let task = tokio::spawn(async move { rt.scope(call).await });
+    tokio::time::timeout(Duration::from_secs(10), is_in)
+        .await
+        .expect("the body starts")
+        .expect("entered");
+    (task, completed)
+}
+
+/// Joins a call from [`call_until_entered`], which must return within 20 s.
+async fn returned(call: JoinHandle<Result<u64, AppError>>) -> Result<u64, AppError> {
+    tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("the call returns")
+        .expect("task")
 }
 
 /// Deletes the lock behind its holder's back: raw `DEL` on Redis, `force_unlock` on memory.
@@ -703,16 +726,8 @@ async fn delete_behind_back(b: &Backend, key: &str) {
 
 async fn attribute_on_lost_ignore_body_completes_after_key_deleted(b: Backend) {
     let key = "on-lost:ignore";
-    let completed = Arc::new(AtomicBool::new(false));
-    let (entered, is_in) = oneshot::channel();
-    let rt = b.rt.clone();
-    let flag = completed.clone();
     let start = Instant::now();
-    let call = tokio::spawn(async move { rt.scope(ignores_loss(entered, flag)).await });
-    tokio::time::timeout(Duration::from_secs(10), is_in)
-        .await
-        .expect("the body starts")
-        .expect("entered");
+    let (call, completed) = call_until_entered(&b.rt, ignores_loss).await;
     delete_behind_back(&b, key).await;
     // The lease is really gone while the body still runs: another owner takes the key (and the
     // watchdog's next renewal then fails for certain).
@@ -721,10 +736,7 @@ async fn attribute_on_lost_ignore_body_completes_after_key_deleted(b: Backend) {
         .hold_within(key, Duration::from_secs(30), Duration::ZERO)
         .await;
     assert!(!call.is_finished(), "the body ended early");
-    let out = tokio::time::timeout(Duration::from_secs(20), call)
-        .await
-        .expect("the call returns")
-        .expect("task");
+    let out = returned(call).await;
     let elapsed = start.elapsed();
     assert_eq!(
         out.expect("on_lost = ignore: Ok from the body"),
@@ -748,21 +760,10 @@ async fn attribute_on_lost_ignore_body_completes_after_key_deleted(b: Backend) {
 async fn attribute_on_lost_cancel_drops_body_after_key_deleted(b: Backend) {
     // The contrast: the same body and the same deletion, under on_lost = "cancel".
     let key = "on-lost:cancel";
-    let completed = Arc::new(AtomicBool::new(false));
-    let (entered, is_in) = oneshot::channel();
-    let rt = b.rt.clone();
-    let flag = completed.clone();
-    let call = tokio::spawn(async move { rt.scope(cancelled_on_loss(entered, flag)).await });
-    tokio::time::timeout(Duration::from_secs(10), is_in)
-        .await
-        .expect("the body starts")
-        .expect("entered");
+    let (call, completed) = call_until_entered(&b.rt, cancelled_on_loss).await;
     let deleted = Instant::now();
     delete_behind_back(&b, key).await;
-    let out = tokio::time::timeout(Duration::from_secs(20), call)
-        .await
-        .expect("the call returns")
-        .expect("task");
+    let out = returned(call).await;
     let after = deleted.elapsed();
     match out {
         Err(AppError::Lock(LockError::Lost { key: lost })) => assert_eq!(lost, key),

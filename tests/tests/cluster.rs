@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use dlock_tests::cluster::{MASTERS, RedisCluster};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, LockGuard, RedisServer, Runtime, assert_between, assert_busy,
-    assert_ttl_within_lease, captured_logs, count_in_processes, eventually, fence_key,
+    AcquireExt, BuildExt, Counting, HoldExt, LockGuard, RedisServer, Runtime, assert_between,
+    assert_busy, assert_ttl_within_lease, captured_logs, count_in_processes, eventually, fence_key,
     finish_within, hand_off, hold_fenced_in_process, lock_key, released_channel, while_held,
 };
 
@@ -25,6 +25,38 @@ async fn runtime(cluster: &RedisCluster) -> Runtime {
         .redis_cluster(cluster.seeds())
         .built()
         .await
+}
+
+/// `N` runtimes on `cluster` (see [`runtime`]), each standing for another process.
+async fn runtimes<const N: usize>(cluster: &RedisCluster) -> [Runtime; N] {
+    let mut rts = Vec::with_capacity(N);
+    for _ in 0..N {
+        rts.push(runtime(cluster).await);
+    }
+    rts.try_into()
+        .unwrap_or_else(|_: Vec<Runtime>| unreachable!("N runtimes"))
+}
+
+/// Waits up to 3 s until the lock hashes of `keys` reach the first replica of `master`
+/// (replication is asynchronous: a lock the replica never received is lost in a failover);
+/// returns that replica.
+async fn replicated(cluster: &RedisCluster, master: usize, keys: &[&str]) -> usize {
+    let replica = *cluster
+        .replicas_of(master)
+        .await
+        .first()
+        .expect("the master has a replica");
+    let what = format!("the lock hashes of {keys:?} reach replica {replica}");
+    eventually(Duration::from_secs(3), &what, || async {
+        for key in keys {
+            if !cluster.exists_on(replica, &lock_key(key)).await {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    replica
 }
 
 /// Acquires `key` (one attempt each time), retrying on `Backend` errors (a failover in
@@ -226,14 +258,9 @@ async fn holder_process_on_a_cluster_url_excludes_until_killed() {
 async fn release_wakes_a_waiter_on_every_shard_within_500_ms() {
     let cluster = RedisCluster::start();
     let keys = cluster.one_key_per_master("wake").await;
-    let holder_rt = runtime(&cluster).await;
-    let waiter_rt = runtime(&cluster).await;
+    let [holder_rt, waiter_rt] = runtimes(&cluster).await;
     for (key, master) in &keys {
-        let holder = holder_rt
-            .lock(key.as_str())
-            .lease(LONG_LEASE)
-            .held("holder")
-            .await;
+        let holder = holder_rt.hold(key.as_str(), LONG_LEASE).await;
         let waiter = waiter_rt
             .lock(key.as_str())
             .lease(LONG_LEASE)
@@ -269,8 +296,7 @@ async fn watchdog_keeps_one_second_leases_on_every_shard_and_batches_per_slot() 
     let (same_slot, slot) = cluster.keys_in_one_slot("renew-slot", SAME_SLOT).await;
     keys.extend(same_slot.iter().cloned());
     let slot_master = cluster.master_for_slot(slot).await;
-    let rt = runtime(&cluster).await;
-    let other = runtime(&cluster).await;
+    let [rt, other] = runtimes(&cluster).await;
     let mut guards = Vec::new();
     for key in &keys {
         guards.push(rt.lock(key.as_str()).lease(lease).held("acquire").await);
@@ -348,8 +374,7 @@ async fn watchdog_keeps_one_second_leases_on_every_shard_and_batches_per_slot() 
 async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
     let cluster = RedisCluster::start();
     let keys = cluster.one_key_per_master("fence").await;
-    let a = runtime(&cluster).await;
-    let b = runtime(&cluster).await;
+    let [a, b] = runtimes(&cluster).await;
     for (key, master) in &keys {
         let mut last = 0u64;
         for round in 0..6 {
@@ -365,10 +390,7 @@ async fn fence_tokens_strictly_increase_across_holders_on_every_shard() {
         }
         // A holder whose lease runs out, then the next one.
         let expiring = a
-            .lock(key.as_str())
-            .lease(Duration::from_millis(300))
-            .watchdog(false)
-            .held("acquire")
+            .hold_capped(key.as_str(), Duration::from_millis(300))
             .await;
         let expiring_fence = expiring.fence().expect("fence");
         assert!(expiring_fence > last);
@@ -395,28 +417,14 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
     let master = cluster.master_for_slot(0).await;
     let keys = cluster.keys_on_master("failover", master, 3).await;
     let (kept, dropped, fresh) = (&keys[0], &keys[1], &keys[2]);
-    let rt = runtime(&cluster).await;
-    let other = runtime(&cluster).await;
+    let [rt, other] = runtimes(&cluster).await;
     let kept_guard = rt.lock(kept.as_str()).lease(lease).held("acquire").await;
     let dropped_guard = rt.lock(dropped.as_str()).lease(lease).held("acquire").await;
     let owner = cluster
         .lock_owner(&lock_key(kept))
         .await
         .expect("owner token");
-    let replica = *cluster
-        .replicas_of(master)
-        .await
-        .first()
-        .expect("the master has a replica");
-    eventually(
-        Duration::from_secs(3),
-        "both lock hashes reach the replica",
-        || async {
-            cluster.exists_on(replica, &lock_key(kept)).await
-                && cluster.exists_on(replica, &lock_key(dropped)).await
-        },
-    )
-    .await;
+    let replica = replicated(&cluster, master, &[kept.as_str(), dropped.as_str()]).await;
 
     cluster.kill9(master);
     let killed = Instant::now();
@@ -491,17 +499,9 @@ async fn killed_master_fails_over_and_its_lock_is_kept_or_reported_lost() {
 async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
     let mut cluster = RedisCluster::start();
     let master = cluster.master_for_slot(0).await;
-    let key = cluster
-        .keys_on_master("failover-wake", master, 1)
-        .await
-        .remove(0);
-    let holder_rt = runtime(&cluster).await;
-    let waiter_rt = runtime(&cluster).await;
-    let holder = holder_rt
-        .lock(key.as_str())
-        .lease(LONG_LEASE)
-        .held("holder")
-        .await;
+    let key = cluster.key_on_master("failover-wake", master).await;
+    let [holder_rt, waiter_rt] = runtimes(&cluster).await;
+    let holder = holder_rt.hold(key.as_str(), LONG_LEASE).await;
     let holder_fence = holder.fence().expect("fence");
     let waiter = {
         let (rt, key) = (waiter_rt.clone(), key.clone());
@@ -522,13 +522,7 @@ async fn release_after_a_failover_wakes_a_waiter_subscribed_before_it() {
         || async { cluster.shard_subscribers(master, &channel).await >= 1 },
     )
     .await;
-    let replica = cluster.replicas_of(master).await[0];
-    eventually(
-        Duration::from_secs(3),
-        "the lock reaches the replica",
-        || async { cluster.exists_on(replica, &lock_key(&key)).await },
-    )
-    .await;
+    replicated(&cluster, master, &[key.as_str()]).await;
 
     cluster.kill9(master);
     let failover = cluster.wait_for_failover(master).await;
@@ -713,24 +707,10 @@ async fn frozen_master_fails_over_and_the_runtime_resumes_on_the_promoted_replic
     let master = cluster.master_for_slot(0).await;
     let keys = cluster.keys_on_master("frozen", master, 2).await;
     let rt = runtime(&cluster).await;
-    let guard = rt
-        .lock(keys[0].as_str())
-        .lease(LONG_LEASE)
-        .held("acquire")
-        .await;
-    // Replication is asynchronous: a lock the replica never received is lost in a failover,
-    // which is not what this test is about.
-    let replica = *cluster
-        .replicas_of(master)
-        .await
-        .first()
-        .expect("the master has a replica");
-    eventually(
-        Duration::from_secs(3),
-        "the lock hash reaches the replica",
-        || async { cluster.exists_on(replica, &lock_key(&keys[0])).await },
-    )
-    .await;
+    let guard = rt.hold(keys[0].as_str(), LONG_LEASE).await;
+    // A lock the replica never received is lost in a failover, which is not what this test
+    // is about.
+    replicated(&cluster, master, &[keys[0].as_str()]).await;
     cluster.pause(master);
     let failover = cluster.wait_for_failover(master).await;
     println!(
@@ -866,7 +846,7 @@ async fn lock_taken_right_after_a_master_restart_stays_held_for_several_leases()
             .cycled("before the restart")
             .await;
     }
-    let key = cluster.keys_on_master("restart", master, 1).await.remove(0);
+    let key = cluster.key_on_master("restart", master).await;
     // SIGKILL and an immediate restart: no failover; the node comes back as the master of its
     // slots, empty, and answers CLUSTERDOWN until it has rejoined (about two seconds).
     cluster.kill9(master);
@@ -920,7 +900,7 @@ async fn renewals_failing_after_a_master_restart_are_warned_and_the_loss_reporte
     let mut cluster = RedisCluster::start();
     let rt = runtime(&cluster).await;
     let master = cluster.master_for_slot(0).await;
-    let key = cluster.keys_on_master("warned", master, 1).await.remove(0);
+    let key = cluster.key_on_master("warned", master).await;
     let guard = rt.lock(key.as_str()).lease(lease).held("acquire").await;
     // A renewal confirmed before the fault.
     tokio::time::sleep(lease / 3 + Duration::from_millis(300)).await;

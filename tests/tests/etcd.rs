@@ -19,15 +19,14 @@
 //! The harness's calls to etcd (through `etcd-client`) block; from async tests they run through
 //! [`blocking`] (`block_in_place`), so the runtimes' background tasks keep running meanwhile.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockError, current_fence, with_lock};
+use dlock_runtime::{current_fence, with_lock};
 use dlock_tests::etcd::{EtcdCluster, EtcdKv, EtcdServer};
 use dlock_tests::handover::{self, QueueEngine};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, HoldExt, LockGuard, RedisServer, Runtime, SetOnDrop,
+    AcquireExt, BuildExt, Counting, HoldExt, LockGuard, LongBody, RedisServer, Runtime,
     count_in_processes, finish_within, hold_fenced_in_process, waiter_got_it, while_held,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -350,18 +349,9 @@ async fn renewed_locks_share_the_runtimes_lease_and_hard_capped_ones_have_their_
     let six = Duration::from_secs(6);
     let a = rt.lock("etcd:share:a").lease(six).held("a").await;
     let b = rt.lock("etcd:share:b").lease(six).held("b").await;
-    let c = rt
-        .lock("etcd:share:c")
-        .lease(Duration::from_secs(3))
-        .held("c")
-        .await;
+    let c = rt.hold("etcd:share:c", Duration::from_secs(3)).await;
     let d = other.lock("etcd:share:d").lease(six).held("d").await;
-    let capped = rt
-        .lock("etcd:share:capped")
-        .lease(six)
-        .watchdog(false)
-        .held("capped")
-        .await;
+    let capped = rt.hold_capped("etcd:share:capped", six).await;
     let lease_of = |key: &str| only_holder(etcd.cluster(), key).lease;
     let (la, lb, lc, ld, lcap) = (
         lease_of("etcd:share:a"),
@@ -435,11 +425,7 @@ async fn release_the_server_did_not_answer_lands_soon_after_its_return() {
         .built()
         .await;
     let key = "etcd:late-release";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(30))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(30)).await;
     let held = only_holder(&etcd, key);
     blocking(|| etcd.stop());
     let err = guard
@@ -716,15 +702,8 @@ async fn with_lock_body_is_cancelled_with_lost_when_the_lease_is_revoked() {
     let etcd = EtcdServer::start();
     let key = "etcd:lost:with-lock";
     let rt = runtime(etcd.cluster()).await;
-    let dropped = Arc::new(AtomicBool::new(false));
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let body_dropped = SetOnDrop(dropped.clone());
-    let task = tokio::spawn(with_lock(rt.lock(key).lease(LOSS_LEASE), async move {
-        let _flag = body_dropped;
-        held_tx.send(()).unwrap();
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        "finished"
-    }));
+    let body = LongBody::default();
+    let (task, held_rx) = body.spawn(rt.lock(key).lease(LOSS_LEASE));
     held_rx.await.expect("the body runs");
     let held = only_holder(etcd.cluster(), key);
     revoke_lease(etcd.cluster(), held.lease);
@@ -739,11 +718,7 @@ async fn with_lock_body_is_cancelled_with_lost_when_the_lease_is_revoked() {
         "with_lock returned {result:?} {:?} after the lease was revoked",
         revoked.elapsed()
     );
-    match result {
-        Err(LockError::Lost { key: k }) => assert_eq!(k, key),
-        other => panic!("expected Err(Lost), got {other:?}"),
-    }
-    assert!(dropped.load(Ordering::SeqCst), "the body must be dropped");
+    body.assert_cancelled_with_lost("the lease revoked", key, result);
 }
 
 /// What etcd makes of the watchdog's leases: a 2 s lease is granted as 2 s, a 1 s lease as 1

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use dlock_runtime::DEFAULT_PREFIX;
 use dlock_runtime::testing::redis_fair_names;
 use dlock_tests::{
-    AcquireExt, HolderProcess, LockError, LockGuard, RedisServer, Runtime, eventually, holder_bin,
-    lock_key, script_calls_in, waiter_got_it,
+    AcquireExt, LockError, LockGuard, RedisServer, Runtime, eventually, lock_key, script_calls_in,
+    spawn_hold_process, waiter_got_it,
 };
 use tokio::task::JoinHandle;
 
@@ -20,6 +20,26 @@ const PLACE: Duration = Duration::from_secs(1);
 
 /// How long the waiters of the writers' turn test wait (they should get the key at once).
 const GIVE_UP: Duration = Duration::from_secs(10);
+
+/// `N` runtimes on `server`, each standing for another process.
+async fn runtimes<const N: usize>(server: &RedisServer) -> [Runtime; N] {
+    let mut rts = Vec::with_capacity(N);
+    for _ in 0..N {
+        rts.push(Runtime::from_url(&server.url()).await.expect("runtime"));
+    }
+    rts.try_into()
+        .unwrap_or_else(|_: Vec<Runtime>| unreachable!("N runtimes"))
+}
+
+/// A fresh server, `N` runtimes on it, and the first of them holding `key` as a fair lock.
+async fn held_on_a_fresh_server<const N: usize>(
+    key: &str,
+) -> (RedisServer, [Runtime; N], LockGuard) {
+    let server = RedisServer::start();
+    let rts: [Runtime; N] = runtimes(&server).await;
+    let holder = rts[0].lock(key).fair(true).held("the holder").await;
+    (server, rts, holder)
+}
 
 /// The length of the line of `key` on `server`.
 async fn line_len(server: &RedisServer, key: &str) -> usize {
@@ -34,56 +54,24 @@ async fn line_len(server: &RedisServer, key: &str) -> usize {
 /// line and the places are empty afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_waiter_process_does_not_block_the_line() {
-    let server = RedisServer::start();
-    let url = server.url();
     let key = "fair:killed";
-    let (rt, live_rt) = (
-        Runtime::from_url(&url).await.expect("runtime"),
-        Runtime::from_url(&url).await.expect("runtime"),
-    );
-    let holder = rt
-        .lock(key)
-        .fair(true)
-        .held("the holder in this process")
-        .await;
+    let (server, [_holder_rt, live_rt], holder) = held_on_a_fresh_server(key).await;
 
-    let lease_ms = PLACE.as_millis().to_string();
-    let bin = holder_bin();
-    let mut dead = HolderProcess::spawn(
-        bin.to_str().expect("a UTF-8 path"),
-        &[
-            "--url",
-            &url,
-            "--key",
-            key,
-            "--mode",
-            "hold",
-            "--lease-ms",
-            &lease_ms,
-            "--fair",
-            "true",
-            "--wait-ms",
-            "60000",
-        ],
-    );
+    let lease_ms = u64::try_from(PLACE.as_millis()).expect("a lease in ms");
+    let in_line = ["--fair", "true", "--wait-ms", "60000"];
+    let mut dead = spawn_hold_process(&server.url(), key, lease_ms, &in_line);
     eventually(
         Duration::from_secs(20),
         "the process waits in line",
         || async { line_len(&server, key).await == 1 },
     )
     .await;
-    let live = tokio::spawn(async move {
-        let guard = live_rt
-            .lock(key)
-            .fair(true)
-            .lease(PLACE)
-            .wait(Duration::from_secs(60))
-            .held("the live waiter")
-            .await;
-        let at = Instant::now();
-        guard.release().await.expect("release");
-        at
-    });
+    let live = live_rt
+        .lock(key)
+        .fair(true)
+        .lease(PLACE)
+        .wait(Duration::from_secs(60))
+        .spawn();
     eventually(Duration::from_secs(10), "two waiters in line", || async {
         line_len(&server, key).await == 2
     })
@@ -92,11 +80,10 @@ async fn a_killed_waiter_process_does_not_block_the_line() {
 
     let released = Instant::now();
     holder.release().await.expect("release");
-    let acquired = tokio::time::timeout(Duration::from_secs(30), live)
-        .await
-        .expect("the live waiter is blocked by the killed one")
-        .expect("live waiter");
+    let what = "the live waiter, behind the killed one";
+    let (guard, acquired) = waiter_got_it(live, Duration::from_secs(30), what).await;
     let took = acquired.saturating_duration_since(released);
+    guard.release().await.expect("release");
     println!("the live waiter acquired {took:?} after the release");
     assert!(
         took <= PLACE + Duration::from_millis(1500),
@@ -114,14 +101,8 @@ async fn a_killed_waiter_process_does_not_block_the_line() {
 /// within 500 ms, not when its place runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_waiter_leaves_the_line_at_once() {
-    let server = RedisServer::start();
-    let url = server.url();
     let key = "fair:cancelled";
-    let (rt, waiter_rt) = (
-        Runtime::from_url(&url).await.expect("runtime"),
-        Runtime::from_url(&url).await.expect("runtime"),
-    );
-    let holder = rt.lock(key).fair(true).held("the holder").await;
+    let (server, [_holder_rt, waiter_rt], holder) = held_on_a_fresh_server(key).await;
     let waiter = tokio::spawn(async move {
         waiter_rt
             .lock(key)
@@ -154,11 +135,8 @@ async fn a_cancelled_waiter_leaves_the_line_at_once() {
 /// call (it never joined the line, so it has nothing to leave) and leaves no trace there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_try_without_waiting_does_not_join_the_line() {
-    let server = RedisServer::start();
-    let rt = Runtime::from_url(&server.url()).await.expect("runtime");
     let key = "fair:try";
-    let holder = rt.lock(key).fair(true).held("the holder").await;
-    let other = Runtime::from_url(&server.url()).await.expect("runtime");
+    let (server, [_holder_rt, other], holder) = held_on_a_fresh_server(key).await;
     let scripts = || async {
         let info: String = server.query(redis::cmd("INFO").arg("commandstats")).await;
         script_calls_in(&info)
@@ -187,10 +165,7 @@ async fn a_fair_try_without_waiting_does_not_join_the_line() {
 async fn a_fair_writer_takes_the_writers_turn_the_last_reader_leaves() {
     let server = RedisServer::start();
     let key = "fair:writers-turn";
-    let mut rts = Vec::new();
-    for _ in 0..4 {
-        rts.push(Runtime::from_url(&server.url()).await.expect("runtime"));
-    }
+    let rts: [Runtime; 4] = runtimes(&server).await;
     let reader = rts[0].lock(key).read().held("the reader").await;
     rts[1]
         .lock(key)

@@ -16,7 +16,7 @@ use dlock_runtime::LockError;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::{
     AcquireExt, BuildExt, HoldExt, RedisServer, Runtime, assert_between, finish_within, lock_key,
-    redis_with_runtime, redis_with_timeout,
+    redis_with_runtime, redis_with_timeout, redlock_hosts,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -330,10 +330,7 @@ async fn redis_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
 async fn cluster_master_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
     let mut cluster = RedisCluster::start();
     let master = cluster.master_for_slot(0).await;
-    let key = cluster
-        .keys_on_master("faults:restart", master, 1)
-        .await
-        .remove(0);
+    let key = cluster.key_on_master("faults:restart", master).await;
     let built = || {
         Runtime::builder()
             .redis_cluster(cluster.seeds())
@@ -353,13 +350,9 @@ async fn cluster_master_restarted_while_tasks_wait_lets_them_acquire_afterwards(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_restarted_while_tasks_wait_lets_them_acquire_afterwards() {
     let mut nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let hosts: Vec<String> = nodes
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port()))
-        .collect();
     let url = format!(
         "redlock://{}?node_timeout=500ms&timeout=1s&rejoin_after=2s",
-        hosts.join(",")
+        redlock_hosts(&nodes)
     );
     let holder = Runtime::from_url(&url).await.expect("a redlock runtime");
     let waiters = Runtime::from_url(&url).await.expect("a redlock runtime");

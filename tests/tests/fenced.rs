@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_runtime::fenced::{FencedRedis, FencedValue};
-use dlock_tests::{AcquireExt, BuildExt, RedisServer, Runtime};
+use dlock_tests::{AcquireExt, BuildExt, HoldExt, RedisServer, Runtime};
 
 /// A fresh redis-server and a store on it.
 async fn store() -> (RedisServer, FencedRedis) {
@@ -130,12 +130,7 @@ async fn a_holder_whose_lease_ran_out_cannot_write_after_the_next_holder_claimed
     let (_store_server, store) = store().await;
     let rt = Runtime::builder().redis(lock_server.url()).built().await;
     let lease = Duration::from_millis(300);
-    let a = rt
-        .lock("stock")
-        .lease(lease)
-        .watchdog(false)
-        .held("holder A")
-        .await;
+    let a = rt.hold_capped("stock", lease).await;
     let fence_a = a.fence().expect("redis gives fences");
     assert!(store.claim("stock", fence_a).await.expect("A claims"));
     let b = rt

@@ -7,16 +7,42 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dlock_runtime::LockGuard;
 use dlock_runtime::testing::scripts::FENCE_BLOCK;
 use dlock_tests::{
     AcquireExt, HoldExt, RedisServer, Runtime, finish_within, lock_key, redis_with_runtime, turns,
     turns_key, waiter_got_it,
 };
+use tokio::task::JoinHandle;
 
 const LEASE: Duration = Duration::from_secs(10);
 
 /// How long the contending tasks hold the lock, unless a test says otherwise.
 const HOLD: Duration = Duration::from_millis(1);
+
+/// How many tasks of one runtime contend in the tests of [`one_runtime`].
+const TASKS: usize = 16;
+
+/// Waits up to 30 s for `key` on `rt` (lease [`LEASE`]) and releases it at once: with another
+/// waiter of the runtime queued behind, the release parks the hold for the next head.
+async fn hold_and_park(rt: &Runtime, key: &str) {
+    let guard = rt.hold_within(key, LEASE, Duration::from_secs(30)).await;
+    guard
+        .release()
+        .await
+        .expect("release: parked for the next head");
+}
+
+/// After 100 ms (for the second waiter to queue), releases `holder`, which hands the key to the
+/// first waiter, and joins that waiter's task.
+async fn release_to_the_first(holder: LockGuard, first: JoinHandle<()>) {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder
+        .release()
+        .await
+        .expect("release: handed to the first");
+    first.await.expect("the first waiter");
+}
 
 /// `tasks` tasks of `rt`, each acquiring `key` `each` times (holding it for an await of
 /// `hold`, none if zero); the fences in the order the holders got them, tagged with `tag`.
@@ -26,7 +52,7 @@ async fn contend(
     (tasks, each, hold): (usize, usize, Duration),
     tag: usize,
     order: &Arc<Mutex<Vec<(usize, u64)>>>,
-) -> Vec<tokio::task::JoinHandle<()>> {
+) -> Vec<JoinHandle<()>> {
     (0..tasks)
         .map(|_| {
             let (rt, order) = (rt.clone(), order.clone());
@@ -66,10 +92,11 @@ struct Cost {
     published: u64,
 }
 
-/// `tasks` tasks of one runtime on a fresh server, each acquiring `key` `each` times and
+/// [`TASKS`] tasks of one runtime on a fresh server, each acquiring `key` `each` times and
 /// holding it for `hold`; checks that every acquisition happened with a fence above the
-/// previous holder's, and returns what Redis saw.
-async fn one_runtime(key: &'static str, (tasks, each, hold): (usize, usize, Duration)) -> Cost {
+/// previous holder's, and returns what Redis saw (printed, with the blocks of fences used).
+async fn one_runtime(key: &'static str, (each, hold): (usize, Duration)) -> Cost {
+    let tasks = TASKS;
     let (server, rt) = redis_with_runtime().await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let sets = server.set_calls().await;
@@ -80,12 +107,22 @@ async fn one_runtime(key: &'static str, (tasks, each, hold): (usize, usize, Dura
     let order = order.lock().unwrap().clone();
     assert_eq!(order.len(), tasks * each);
     assert_increasing(&order);
-    Cost {
+    let cost = Cost {
         acquisitions: order.len() as u64,
         attempts: server.set_calls().await - sets,
         releases: server.command_calls("del").await - dels,
         published: server.command_calls("publish").await - published,
-    }
+    };
+    println!(
+        "{} acquisitions by {tasks} tasks of one runtime ({} blocks of fences): {} attempts, {} \
+         releases and {} publications in Redis",
+        cost.acquisitions,
+        cost.acquisitions.div_ceil(FENCE_BLOCK),
+        cost.attempts,
+        cost.releases,
+        cost.published
+    );
+    cost
 }
 
 /// Sixteen tasks of one runtime on one key: most acquisitions are hand-overs, which send
@@ -93,16 +130,8 @@ async fn one_runtime(key: &'static str, (tasks, each, hold): (usize, usize, Dura
 /// holder's fence is above the previous holder's, and no release publishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
-    const TASKS: usize = 16;
-    let Cost {
-        acquisitions,
-        attempts,
-        published,
-        ..
-    } = one_runtime("handoff:hot", (TASKS, 10, HOLD)).await;
-    println!(
-        "{acquisitions} acquisitions by {TASKS} tasks of one runtime: {attempts} attempts in Redis"
-    );
+    let cost = one_runtime("handoff:hot", (10, HOLD)).await;
+    let (acquisitions, attempts, published) = (cost.acquisitions, cost.attempts, cost.published);
     // Waiters of the holder's own runtime are woken by its release: they never flag the
     // lock, so no release publishes (nor reserves the key for other runtimes).
     assert_eq!(
@@ -123,18 +152,9 @@ async fn hot_key_in_one_runtime_is_handed_over_without_a_round_trip() {
 /// and an attempt by the next holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_key_wanted_only_by_its_runtime_is_kept_across_blocks() {
-    const TASKS: usize = 16;
-    let Cost {
-        acquisitions,
-        attempts,
-        releases,
-        ..
-    } = one_runtime("handoff:kept", (TASKS, 20, HOLD)).await;
-    let blocks = acquisitions.div_ceil(FENCE_BLOCK);
-    println!(
-        "{acquisitions} acquisitions ({blocks} blocks): {attempts} attempts and {releases} \
-         releases in Redis"
-    );
+    let cost = one_runtime("handoff:kept", (20, HOLD)).await;
+    let (attempts, releases) = (cost.attempts, cost.releases);
+    let blocks = cost.acquisitions.div_ceil(FENCE_BLOCK);
     // The first attempts of tasks that started before anybody queued; the release at the end
     // (and one or two while the queue formed or emptied).
     assert!(
@@ -156,16 +176,9 @@ async fn busy_key_wanted_only_by_its_runtime_is_kept_across_blocks() {
 /// with an attempt of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_releasing_at_once_still_hand_over_until_the_block_is_used_up() {
-    const TASKS: usize = 16;
-    let Cost {
-        acquisitions,
-        attempts,
-        ..
-    } = one_runtime("handoff:at-once", (TASKS, 40, Duration::ZERO)).await;
+    let cost = one_runtime("handoff:at-once", (40, Duration::ZERO)).await;
+    let (acquisitions, attempts) = (cost.acquisitions, cost.attempts);
     let blocks = acquisitions.div_ceil(FENCE_BLOCK);
-    println!(
-        "{acquisitions} acquisitions, {blocks} blocks of fences: {attempts} attempts in Redis"
-    );
     // About one attempt per block at most, plus the first attempts of tasks that started
     // before anybody queued and a few while the queue formed (68 seen before blocks were
     // extended; 656 without the parking).
@@ -376,11 +389,7 @@ async fn hold_parked_for_a_waiter_that_leaves_before_heading_the_queue_is_releas
     let first = tokio::spawn({
         let (rt, second_slot) = (rt.clone(), second_slot.clone());
         async move {
-            let guard = rt.hold_within(key, LEASE, Duration::from_secs(30)).await;
-            guard
-                .release()
-                .await
-                .expect("release: parked for the next head");
+            hold_and_park(&rt, key).await;
             let second = second_slot
                 .lock()
                 .unwrap()
@@ -398,12 +407,7 @@ async fn hold_parked_for_a_waiter_that_leaves_before_heading_the_queue_is_releas
         }
     });
     *second_slot.lock().unwrap() = Some(second.abort_handle());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    holder
-        .release()
-        .await
-        .expect("release: handed to the first");
-    first.await.expect("the first waiter");
+    release_to_the_first(holder, first).await;
     assert!(second.await.expect_err("aborted").is_cancelled());
     let freed = dlock_tests::eventually(
         Duration::from_secs(2),
@@ -427,11 +431,7 @@ async fn hold_parked_for_a_head_asking_another_lease_is_released_not_handed() {
     let first = tokio::spawn({
         let rt = rt.clone();
         async move {
-            let guard = rt.hold_within(key, LEASE, Duration::from_secs(30)).await;
-            guard
-                .release()
-                .await
-                .expect("release: parked for the next head");
+            hold_and_park(&rt, key).await;
         }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -439,12 +439,7 @@ async fn hold_parked_for_a_head_asking_another_lease_is_released_not_handed() {
         let rt = rt.clone();
         async move { rt.hold_within(key, short, Duration::from_secs(30)).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    holder
-        .release()
-        .await
-        .expect("release: handed to the first");
-    first.await.expect("the first waiter");
+    release_to_the_first(holder, first).await;
     let guard = tokio::time::timeout(Duration::from_secs(5), second)
         .await
         .expect("the second waiter acquires")

@@ -10,7 +10,7 @@ use axum::extract::Path;
 use axum::http::{Request, StatusCode, header};
 use axum::routing::post;
 use dlock_runtime::{LockError, distributed_lock};
-use dlock_tests::{AcquireExt, Runtime, lock_key, redis_with_runtime};
+use dlock_tests::{HoldExt, Runtime, lock_key, redis_with_runtime};
 use tower::ServiceExt;
 
 #[distributed_lock(key = "stock:{id}")]
@@ -58,10 +58,7 @@ async fn a_held_key_makes_the_handler_answer_409_with_the_holders_remaining_leas
         .await
         .expect("holder runtime");
     let holder = holder_rt
-        .lock("stock:7")
-        .lease(Duration::from_secs(20))
-        .watchdog(false)
-        .held("the holder")
+        .hold_capped("stock:7", Duration::from_secs(20))
         .await;
     tokio::time::sleep(Duration::from_millis(3300)).await;
 

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dlock_tests::{AcquireExt, lost_while_paused, redis_with_timeout, runtime_with_timeout};
+use dlock_tests::{
+    AcquireExt, HoldExt, lost_while_paused, redis_with_timeout, runtime_with_timeout,
+};
 use metrics_util::MetricKind;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
@@ -89,11 +91,7 @@ async fn acquisitions_holds_renewals_timeouts_and_losses_are_measured_by_engine_
 
     let held_gauge = "dlock_held_locks{engine=redis}";
     let acquired = "dlock_acquire_seconds{engine=redis,outcome=acquired}";
-    let guard = rt
-        .lock("metrics:k")
-        .lease(Duration::from_millis(900))
-        .held("acquire")
-        .await;
+    let guard = rt.hold("metrics:k", Duration::from_millis(900)).await;
     totals.take(&snapshotter);
     assert_eq!(totals.gauge(held_gauge), 1.0, "{totals:?}");
     assert_eq!(totals.histogram(acquired).len(), 1, "{totals:?}");
@@ -133,11 +131,7 @@ async fn acquisitions_holds_renewals_timeouts_and_losses_are_measured_by_engine_
         "{totals:?}"
     );
 
-    let guard = rt
-        .lock("metrics:lost")
-        .lease(Duration::from_millis(1500))
-        .held("acquire")
-        .await;
+    let guard = rt.hold("metrics:lost", Duration::from_millis(1500)).await;
     lost_while_paused(&mut server, &guard, Duration::from_secs(4)).await;
     drop(guard);
     totals.take(&snapshotter);

@@ -49,6 +49,13 @@ enum Servers {
     ZooKeeper(ZooKeeperServer),
 }
 
+/// Starts a server whose start blocks (waits for it to serve) off the async threads.
+async fn started<S: Send + 'static>(start: fn() -> S) -> S {
+    tokio::task::spawn_blocking(start)
+        .await
+        .expect("the server starts")
+}
+
 impl Linked {
     /// A runtime with [`TIMEOUT`] built by `engine` from the hosts of one proxy per port in
     /// `ports` (`127.0.0.1:<proxy port>`), all of them faulted.
@@ -95,9 +102,7 @@ impl Linked {
 
     /// One etcd member.
     async fn etcd() -> Linked {
-        let etcd = tokio::task::spawn_blocking(EtcdServer::start)
-            .await
-            .unwrap();
+        let etcd = started(EtcdServer::start).await;
         let port = etcd.port();
         Linked::through_proxies(Servers::Etcd(etcd), &[port], |b, hosts| {
             b.etcd([format!("http://{}", hosts[0])])
@@ -107,9 +112,7 @@ impl Linked {
 
     /// A standalone ZooKeeper, with a session of [`ZK_SESSION`].
     async fn zookeeper() -> Linked {
-        let zk = tokio::task::spawn_blocking(ZooKeeperServer::start)
-            .await
-            .unwrap();
+        let zk = started(ZooKeeperServer::start).await;
         let port = zk.port();
         Linked::through_proxies(Servers::ZooKeeper(zk), &[port], |b, hosts| {
             b.zookeeper(hosts[0].clone()).session_timeout(ZK_SESSION)

@@ -20,16 +20,7 @@ async fn waiter_does_not_poll_while_the_key_is_held() {
     let key = "notify:no-poll";
     let holder_rt = Runtime::from_url(&server.url()).await.expect("runtime");
     let holder = holder_rt.lock(key).lease(LEASE).held("holder").await;
-    let waiter = {
-        let rt = rt.clone();
-        tokio::spawn(async move {
-            rt.lock(key)
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await
-                .map(|_guard| ())
-        })
-    };
+    let waiter = rt.lock(key).wait(Duration::from_secs(20)).spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = server.script_calls().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -39,11 +30,7 @@ async fn waiter_does_not_poll_while_the_key_is_held() {
         "{during} lock scripts ran in 1.5 s while one waiter waited on a 30 s lease: polling"
     );
     holder.release().await.expect("release");
-    tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("waiter wakes")
-        .expect("task")
-        .expect("waiter acquires");
+    let (_guard, _) = waiter_got_it(waiter, Duration::from_secs(5), "the waiter wakes").await;
 }
 
 /// Clients (connections) with any channel, pattern or shard-channel subscription, from CLIENT LIST.
@@ -188,11 +175,7 @@ async fn refused_subscription_falls_back_to_polling_within_the_wait() {
         )
         .await;
     let key = "notify:no-subscribe";
-    let holder = holder_rt
-        .lock(key)
-        .lease(Duration::from_secs(2))
-        .held("holder")
-        .await;
+    let holder = holder_rt.hold(key, Duration::from_secs(2)).await;
     let start = Instant::now();
     let waiter = waiter_rt.lock(key).wait(Duration::from_secs(10)).spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;

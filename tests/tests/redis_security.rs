@@ -13,7 +13,7 @@ use dlock_runtime::LockError;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::{
     AcquireExt, BuildExt, RedisServer, Runtime, captured_logs, eventually, hand_off, lock_key,
-    waiter_got_it, while_held,
+    redlock_hosts, stays_held, waiter_got_it, while_held,
 };
 
 /// The password of the test servers; must never be printed.
@@ -121,13 +121,7 @@ async fn a_password_in_a_url_authenticates_and_is_never_shown() {
             .held("acquire with the password")
             .await;
         // A few renewals go out with the same connection.
-        while_held(
-            &guard,
-            Duration::from_millis(1500),
-            Duration::from_millis(100),
-            |_| async {},
-        )
-        .await;
+        stays_held(&guard, Duration::from_millis(1500)).await;
         guard.release().await.expect("release");
         assert_no_secret(&format!("{rt:?}"), "Debug of a runtime");
         let builder = Runtime::builder().redis(url.as_str());
@@ -243,14 +237,8 @@ async fn a_password_in_a_redlock_url_applies_to_every_node() {
     let servers: Vec<RedisServer> = (0..3)
         .map(|_| RedisServer::start_with_password(PASSWORD))
         .collect();
-    let hosts: Vec<String> = servers
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port()))
-        .collect();
-    let url = format!(
-        "redlock://:{PASSWORD}@{}?node_timeout=500ms",
-        hosts.join(",")
-    );
+    let hosts = redlock_hosts(&servers);
+    let url = format!("redlock://:{PASSWORD}@{hosts}?node_timeout=500ms");
     let rt = Runtime::from_url(&url).await.expect("a redlock runtime");
     let guard = rt
         .lock("secure:redlock")
@@ -328,13 +316,7 @@ async fn lock_renew_release_and_wait(rt: &Runtime, other: &Runtime, key: &str) {
         .lease(Duration::from_secs(30))
         .wait(Duration::from_secs(20))
         .spawn();
-    while_held(
-        &guard,
-        Duration::from_millis(2500),
-        Duration::from_millis(100),
-        |_| async {},
-    )
-    .await;
+    stays_held(&guard, Duration::from_millis(2500)).await;
     assert!(!waiter.is_finished(), "the waiter got a held key");
     let next = hand_off(guard, waiter, Duration::from_millis(500), key).await;
     assert!(next.fence().is_some());

@@ -9,14 +9,13 @@
 //!
 //! Timing bounds are generous: the box has two cores shared by up to five servers per test.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, HoldExt, LONG_LEASE, RedisServer, Runtime, SetOnDrop,
-    assert_between, count_in_processes, eventually, hold_in_process, lock_key, released_channel,
+    AcquireExt, BuildExt, Counting, HoldExt, LONG_LEASE, LongBody, RedisServer, Runtime,
+    assert_between, count_in_processes, eventually, hold_in_process, lock_key, redlock_hosts,
+    released_channel, waiter_got_it,
 };
 
 /// Per-node timeout of the tests that are not about timing: a loaded box must not turn a
@@ -52,12 +51,7 @@ impl Nodes {
 
     /// `redlock://127.0.0.1:p1,127.0.0.1:p2,...` plus `query` (without the `?`) if not empty.
     fn redlock_url(&self, query: &str) -> String {
-        let hosts: Vec<String> = self
-            .servers
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
-            .collect();
-        let mut url = format!("redlock://{}", hosts.join(","));
+        let mut url = format!("redlock://{}", redlock_hosts(&self.servers));
         if !query.is_empty() {
             url.push('?');
             url.push_str(query);
@@ -661,21 +655,8 @@ async fn with_lock_body_cancelled_with_lost_when_majority_dies() {
     let mut nodes = Nodes::start(3);
     let rt = nodes.runtime(Duration::from_millis(100)).await;
     let key = "redlock:with-lock-lost";
-    let completed = Arc::new(AtomicBool::new(false));
-    let body_dropped = Arc::new(AtomicBool::new(false));
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let (rt, completed, body_dropped) = (rt.clone(), completed.clone(), body_dropped.clone());
-        tokio::spawn(async move {
-            with_lock(rt.lock(key).lease(lease), async move {
-                let _on_drop = SetOnDrop(body_dropped);
-                let _ = held_tx.send(());
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                completed.store(true, Ordering::SeqCst);
-            })
-            .await
-        })
-    };
+    let body = LongBody::default();
+    let (task, held_rx) = body.spawn(rt.lock(key).lease(lease));
     tokio::time::timeout(Duration::from_secs(10), held_rx)
         .await
         .expect("the body starts")
@@ -695,23 +676,12 @@ async fn with_lock_body_cancelled_with_lost_when_majority_dies() {
          were killed (lease 1 s)",
         killed.elapsed()
     );
-    match out {
-        Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
-        other => panic!("expected Err(Lost), got {other:?}"),
-    }
+    body.assert_cancelled_with_lost("2 of 3 nodes killed", key, out);
     assert_between(
         "with_lock Err(Lost) after the last renewal, 2 of 3 nodes killed, lease 1 s",
         took,
         Duration::from_millis(500),
         lease + Duration::from_millis(1500),
-    );
-    assert!(
-        body_dropped.load(Ordering::SeqCst),
-        "the body future must be dropped"
-    );
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "the body must not run to completion"
     );
 }
 
@@ -948,13 +918,7 @@ async fn waiter_subscribes_on_every_node() {
     let b = nodes.runtime(RELAXED_NODE_TIMEOUT).await;
     let key = "redlock:notified";
     let guard = a.lock(key).held("A acquires").await;
-    let waiter = tokio::spawn(async move {
-        b.lock(key)
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-            .map(drop)
-    });
+    let waiter = b.lock(key).wait(Duration::from_secs(10)).spawn();
     let channel = released_channel(key);
     for (i, server) in nodes.live() {
         eventually(
@@ -965,11 +929,8 @@ async fn waiter_subscribes_on_every_node() {
         .await;
     }
     guard.release().await.expect("A releases");
-    tokio::time::timeout(Duration::from_secs(15), waiter)
-        .await
-        .expect("the waiter finishes")
-        .expect("waiter task")
-        .expect("the waiter acquires after the release");
+    let what = "the waiter acquires after the release";
+    let (_guard, _) = waiter_got_it(waiter, Duration::from_secs(15), what).await;
 }
 
 /// Several OS processes, each with its own Redlock runtime on the same three nodes, increment
@@ -1054,11 +1015,7 @@ async fn release_a_node_missed_is_retried_in_the_background() {
     let mut nodes = Nodes::start(3);
     let rt = nodes.runtime(NODE_TIMEOUT).await;
     let key = "redlock:release-retry";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(60))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(60)).await;
     nodes.servers[2].pause();
     guard.release().await.expect("a majority released");
     for server in &nodes.servers[..2] {

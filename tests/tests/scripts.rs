@@ -283,14 +283,14 @@ async fn uncontended_acquire_and_release_cost_at_most_five_commands() {
         .release()
         .await
         .unwrap();
-    let before = command_calls(&server).await;
+    let before = server.command_stats().await;
     const PAIRS: u64 = 100;
     for _ in 0..PAIRS {
         let guard = rt.lock("cost").acquire().await.unwrap();
         assert!(guard.fence().is_some());
         guard.release().await.unwrap();
     }
-    let after = command_calls(&server).await;
+    let after = server.command_stats().await;
     let mut per_command: Vec<(String, u64)> = after
         .iter()
         .map(|(name, n)| (name.clone(), n - before.get(name).copied().unwrap_or(0)))
@@ -354,24 +354,6 @@ async fn acquisitions_soon_after_a_push_leave_the_counters_expiry_alone() {
         first + 1,
         "a runtime that has not pushed the counter pushes it"
     );
-}
-
-/// `INFO commandstats` as command name -> calls.
-async fn command_calls(server: &RedisServer) -> std::collections::HashMap<String, u64> {
-    let info: String = server.query(redis::cmd("INFO").arg("commandstats")).await;
-    info.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix("cmdstat_")?;
-            let (name, stats) = rest.split_once(':')?;
-            let calls = stats
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
 }
 
 /// A waiter's attempt (`acquire.lua`) at `key` by `owner` (of the runtime its first 16

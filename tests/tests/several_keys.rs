@@ -5,31 +5,12 @@
 //! The behaviour on every engine (no deadlock, all or nothing, one guard, loss, re-entry) is
 //! in the conformance suite (`tests/conformance/multi.rs`).
 
-use std::collections::HashMap;
-
 use dlock_runtime::DEFAULT_PREFIX;
 use dlock_runtime::testing::redis_names;
 use dlock_tests::cluster::RedisCluster;
 use dlock_tests::{
     AcquireExt, HoldExt, LONG_LEASE, RedisServer, Runtime, assert_busy, assert_free, lock_key,
 };
-
-/// `INFO commandstats` as command name -> calls.
-async fn command_calls(server: &RedisServer) -> HashMap<String, u64> {
-    let info: String = server.query(redis::cmd("INFO").arg("commandstats")).await;
-    info.lines()
-        .filter_map(|line| {
-            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = stats
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
 
 /// On one server, acquiring a set of three free keys is one script call (no `SET` of the
 /// one-key path), and each key gets a fence from its own counter.
@@ -45,9 +26,9 @@ async fn one_script_takes_every_key_on_one_server() {
         .release()
         .await
         .expect("release");
-    let before = command_calls(&server).await;
+    let before = server.command_stats().await;
     let guard = rt.lock_all(keys).lease(LONG_LEASE).held("the set").await;
-    let after = command_calls(&server).await;
+    let after = server.command_stats().await;
     let delta =
         |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
     assert_eq!(delta("evalsha"), 1, "one script call: {after:?}");

@@ -27,6 +27,31 @@ async fn build_within_20_s(url: &str) -> Result<Runtime, dlock_tests::LockError>
     builder.build_within(Duration::from_secs(20), &what).await
 }
 
+/// A connection to `url` must fail (`why`: how it is made): building a runtime on it, or else
+/// its first acquire of `key` (one attempt), is `LockError::Backend`, within 10 s with a 2 s
+/// timeout; neither may hang for 20 s.
+async fn assert_refused_promptly(url: &str, key: &str, why: &str) {
+    let start = Instant::now();
+    let err = match build_within_20_s(url).await {
+        Ok(rt) => tokio::time::timeout(
+            Duration::from_secs(20),
+            rt.lock(key).wait(Duration::ZERO).acquire(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("an acquire {why} hung for 20 s"))
+        .map(|_guard| ())
+        .expect_err(&format!("an acquire {why} must fail")),
+        Err(err) => err,
+    };
+    println!("{url} failed after {:?}: {err}", start.elapsed());
+    assert!(err.is_backend(), "expected LockError::Backend, got {err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "failing took {:?} with a 2 s timeout",
+        start.elapsed()
+    );
+}
+
 /// Two runtimes on a TLS server: two owners, as two processes would be.
 async fn tls_runtimes(server: &RedisServer) -> [Runtime; 2] {
     [tls_runtime(server).await, tls_runtime(server).await]
@@ -158,27 +183,8 @@ async fn tls_plaintext_url_to_tls_port_fails_with_backend_error_promptly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_certificate_of_an_untrusted_ca_is_rejected() {
     let server = RedisServer::start_tls();
-    let verified = server.tls_url_verified();
-    let start = Instant::now();
-    let out = build_within_20_s(&verified).await;
-    let err = match out {
-        Ok(rt) => tokio::time::timeout(
-            Duration::from_secs(20),
-            rt.lock("tls:verified").wait(Duration::ZERO).acquire(),
-        )
-        .await
-        .expect("an acquire over an unverified TLS connection hung for 20 s")
-        .map(|_guard| ())
-        .expect_err("an untrusted self-signed certificate must be refused"),
-        Err(err) => err,
-    };
-    println!("{verified} failed after {:?}: {err}", start.elapsed());
-    assert!(err.is_backend(), "expected LockError::Backend, got {err:?}");
-    assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "failing took {:?} with a 2 s timeout",
-        start.elapsed()
-    );
+    let why = "verifying an untrusted self-signed certificate";
+    assert_refused_promptly(&server.tls_url_verified(), "tls:verified", why).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -230,24 +236,7 @@ async fn mutual_tls_without_a_trusted_client_certificate_is_a_backend_error() {
         server.url_without_client_cert(),
         server.url_with_foreign_client_cert(),
     ] {
-        let start = Instant::now();
-        let err = match build_within_20_s(&url).await {
-            Ok(rt) => tokio::time::timeout(
-                Duration::from_secs(20),
-                rt.lock("mtls:refused").wait(Duration::ZERO).acquire(),
-            )
-            .await
-            .expect("an acquire without a trusted client certificate hung for 20 s")
-            .map(|_guard| ())
-            .expect_err("no trusted client certificate, no lock"),
-            Err(err) => err,
-        };
-        println!("{url} failed after {:?}: {err}", start.elapsed());
-        assert!(err.is_backend(), "expected LockError::Backend, got {err:?}");
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "failing took {:?} with a 2 s timeout",
-            start.elapsed()
-        );
+        let why = "without a trusted client certificate";
+        assert_refused_promptly(&url, "mtls:refused", why).await;
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_runtime::with_lock;
-use dlock_tests::{AcquireExt, lost_while_paused, redis_with_timeout};
+use dlock_tests::{HoldExt, lost_while_paused, redis_with_timeout};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};
@@ -170,11 +170,7 @@ async fn spans_of_acquire_and_body_renewals_at_debug_failures_at_warn_and_the_lo
     );
 
     let key = "tracing:lost";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_millis(1500))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_millis(1500)).await;
     lost_while_paused(&mut server, &guard, Duration::from_secs(4)).await;
     assert!(
         recorder.find(Level::WARN, "renewal failed", key).is_some(),

@@ -20,9 +20,9 @@ use dlock_runtime::{LockError, with_lock};
 use dlock_tests::handover::{self, QueueEngine};
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{
-    AcquireExt, BuildExt, Counting, HoldExt, HolderProcess, RedisServer, Runtime, assert_between,
-    assert_busy, count_in_processes, eventually, finish_within, hold_fenced_in_process,
-    hold_in_process, waiter_got_it, while_held,
+    AcquireExt, BuildExt, Counting, HoldExt, HolderProcess, LockGuard, RedisServer, Runtime,
+    assert_between, assert_busy, count_in_processes, eventually, finish_within,
+    hold_fenced_in_process, hold_in_process, waiter_got_it, while_held,
 };
 
 /// Bound on anything that should happen "at once" (a hand-off, a background release).
@@ -237,66 +237,56 @@ async fn paused_server_expires_the_session_lost_fires_and_a_new_session_acquires
     }
     // The same runtime works again on a new session: the next acquire (with a wait budget)
     // succeeds.
-    let start = Instant::now();
-    let again = rt.lock(key).wait(Duration::from_secs(5)).acquire().await;
-    println!(
-        "first acquire after the expiry: {:?} after {:?} ({:?} after resume)",
-        again.as_ref().map(|g| g.fence()),
-        start.elapsed(),
-        resumed.elapsed()
-    );
-    match again {
-        Ok(guard) => {
-            assert_busy(&other, key, "held on the new session").await;
-            guard.release().await.expect("release on the new session");
-        }
-        Err(e) => {
-            problems.push(format!(
-                "first acquire (wait 5 s) after the session expired: {e:?}"
-            ));
-            let retry = rt.lock(key).wait(Duration::from_secs(5)).acquire().await;
-            println!("second acquire: {:?}", retry.as_ref().map(|g| g.fence()));
-            match retry {
-                Ok(guard) => guard.release().await.expect("release"),
-                Err(e) => problems.push(format!("second acquire: {e:?}")),
-            }
-        }
+    let first = first_acquire_after_expiry(&rt, key, "", &mut problems).await;
+    println!("({:?} after resume)", resumed.elapsed());
+    if let Some(guard) = first {
+        assert_busy(&other, key, "held on the new session").await;
+        guard.release().await.expect("release on the new session");
     }
     // The idle runtime's first acquire after its session expired (nothing triggered a
     // reconnect before it): a wait budget must cover the switch to a new session.
-    let start = Instant::now();
-    let idle_acquire = idle
-        .lock("zk:session-expiry:idle")
-        .wait(Duration::from_secs(5))
-        .acquire()
-        .await;
-    println!(
-        "idle runtime, first acquire after the expiry: {:?} after {:?}",
-        idle_acquire.as_ref().map(|g| g.fence()),
-        start.elapsed()
-    );
-    match idle_acquire {
-        Ok(guard) => guard.release().await.expect("release"),
-        Err(e) => {
-            problems.push(format!(
-                "idle runtime, first acquire (wait 5 s) after its session expired: {e:?}"
-            ));
-            let retry = idle
-                .lock("zk:session-expiry:idle")
-                .wait(Duration::from_secs(5))
-                .acquire()
-                .await;
-            println!(
-                "idle runtime, second acquire: {:?}",
-                retry.as_ref().map(|g| g.fence())
-            );
-            match retry {
-                Ok(guard) => guard.release().await.expect("release"),
-                Err(e) => problems.push(format!("idle runtime, second acquire: {e:?}")),
-            }
-        }
+    let idle_key = "zk:session-expiry:idle";
+    let who = "idle runtime, ";
+    if let Some(guard) = first_acquire_after_expiry(&idle, idle_key, who, &mut problems).await {
+        guard.release().await.expect("release");
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The first acquire of `key` on `rt` (`who`: which runtime, as a prefix of the messages) after
+/// its session expired, waiting up to 5 s: returns the guard if it got it; else records the
+/// failure in `problems`, tries once more (releasing at once, or recording that failure too)
+/// and returns `None`.
+async fn first_acquire_after_expiry(
+    rt: &Runtime,
+    key: &str,
+    who: &str,
+    problems: &mut Vec<String>,
+) -> Option<LockGuard> {
+    let start = Instant::now();
+    let first = rt.lock(key).wait(Duration::from_secs(5)).acquire().await;
+    println!(
+        "{who}first acquire after the expiry: {:?} after {:?}",
+        first.as_ref().map(|g| g.fence()),
+        start.elapsed()
+    );
+    let e = match first {
+        Ok(guard) => return Some(guard),
+        Err(e) => e,
+    };
+    problems.push(format!(
+        "{who}first acquire (wait 5 s) after its session expired: {e:?}"
+    ));
+    let retry = rt.lock(key).wait(Duration::from_secs(5)).acquire().await;
+    println!(
+        "{who}second acquire: {:?}",
+        retry.as_ref().map(|g| g.fence())
+    );
+    match retry {
+        Ok(guard) => guard.release().await.expect("release"),
+        Err(e) => problems.push(format!("{who}second acquire: {e:?}")),
+    }
+    None
 }
 
 /// The watchdog renews a 2 s lease (session 5 s) for 6 s without touching the node: the same
@@ -534,37 +524,37 @@ async fn paused_server_is_a_backend_error_within_the_timeout() {
     let acquire_took = start.elapsed();
     zk.resume();
     let mut problems = Vec::new();
-    match built {
-        Err(_) => problems.push("connect to a paused server hung for 10 s".to_owned()),
-        Ok(Ok(_)) => problems.push("connected to a paused server".to_owned()),
-        Ok(Err(err)) => {
-            println!("paused server: connect {err:?} after {connect_took:?}");
-            if !err.is_backend() {
-                problems.push(format!("connect: expected Backend, got {err:?}"));
-            }
-            if connect_took > Duration::from_secs(3) {
-                problems.push(format!("connect took {connect_took:?}"));
-            }
-        }
-    }
-    match acquired {
-        Err(_) => problems.push("acquire on a paused server hung for 10 s".to_owned()),
-        Ok(Ok(())) => problems.push("acquired on a paused server".to_owned()),
-        Ok(Err(err)) => {
-            println!("paused server: acquire {err:?} after {acquire_took:?}");
-            if !err.is_backend() {
-                problems.push(format!("acquire: expected Backend, got {err:?}"));
-            }
-            if acquire_took > Duration::from_secs(3) {
-                problems.push(format!("acquire took {acquire_took:?}"));
-            }
-        }
-    }
+    refused_while_paused("connect", built, connect_took, &mut problems);
+    refused_while_paused("acquire", acquired, acquire_took, &mut problems);
     assert!(
         !body_ran.load(Ordering::SeqCst),
         "the body ran without the lock"
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Records in `problems` what is wrong with `what` (a connect, an acquire) against a paused
+/// server, from its `outcome` (`Err` if it hung for 10 s) and how long it `took`: it must fail,
+/// with `Backend`, within 3 s.
+fn refused_while_paused<T>(
+    what: &str,
+    outcome: Result<Result<T, LockError>, tokio::time::error::Elapsed>,
+    took: Duration,
+    problems: &mut Vec<String>,
+) {
+    match outcome {
+        Err(_) => problems.push(format!("{what} on a paused server hung for 10 s")),
+        Ok(Ok(_)) => problems.push(format!("{what} on a paused server succeeded")),
+        Ok(Err(err)) => {
+            println!("paused server: {what} {err:?} after {took:?}");
+            if !err.is_backend() {
+                problems.push(format!("{what}: expected Backend, got {err:?}"));
+            }
+            if took > Duration::from_secs(3) {
+                problems.push(format!("{what} took {took:?}"));
+            }
+        }
+    }
 }
 
 /// What the test servers with a clamped session grant (their `maxSessionTimeout`), while the

@@ -9,7 +9,7 @@ use dlock_testkit::RedisServer;
 use dlock_testkit::cluster::RedisCluster;
 use dlock_testkit::etcd::EtcdServer;
 use dlock_testkit::limits;
-use dlock_testkit::redis::lock_key;
+use dlock_testkit::redis::{lock_key, redlock_hosts};
 use dlock_testkit::zookeeper::ZooKeeperServer;
 
 use crate::cli::{Engine, Mode};
@@ -100,16 +100,10 @@ impl LockEngine {
             LockEngine::Memory(_) => "memory://".into(),
             LockEngine::Redis(server) => server.url(),
             LockEngine::Cluster(cluster) => cluster.url(),
-            LockEngine::Redlock(servers) => {
-                let hosts: Vec<String> = servers
-                    .iter()
-                    .map(|s| format!("127.0.0.1:{}", s.port()))
-                    .collect();
-                format!(
-                    "redlock://{}?node_timeout={REDLOCK_NODE_TIMEOUT}",
-                    hosts.join(",")
-                )
-            }
+            LockEngine::Redlock(servers) => format!(
+                "redlock://{}?node_timeout={REDLOCK_NODE_TIMEOUT}",
+                redlock_hosts(servers)
+            ),
             LockEngine::Etcd(etcd) => etcd.url(),
             LockEngine::ZooKeeper(zk) => {
                 format!(

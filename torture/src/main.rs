@@ -164,18 +164,7 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
     };
 
     let (tally, failures, injected) = if engine.has_processes() {
-        let template = WorkerArgs {
-            id: 0,
-            lock_url: lock_engine.url(),
-            store_url: store_server.url(),
-            tasks: options.tasks,
-            keys: options.keys,
-            lease: profile.lease,
-            wait: profile.wait,
-            locked: !options.no_lock,
-            mode: options.mode,
-            block: options.faults.contains(&Fault::Block),
-        };
+        let template = worker_args(0, lock_engine.url(), &store_server, options, profile);
         // Each worker through links of its own, where a network fault may need them.
         let links = options
             .faults
@@ -234,6 +223,29 @@ async fn run_engine(engine: Engine, options: &Options, rng: &mut Rng) -> Result<
     })
 }
 
+/// The arguments of worker `id` on `lock_url`, writing to `store_server`, as `options` and the
+/// engine's `profile` say.
+fn worker_args(
+    id: u32,
+    lock_url: String,
+    store_server: &RedisServer,
+    options: &Options,
+    profile: Profile,
+) -> WorkerArgs {
+    WorkerArgs {
+        id,
+        lock_url,
+        store_url: store_server.url(),
+        tasks: options.tasks,
+        keys: options.keys,
+        lease: profile.lease,
+        wait: profile.wait,
+        locked: !options.no_lock,
+        mode: options.mode,
+        block: options.faults.contains(&Fault::Block),
+    }
+}
+
 /// The memory engine: `procs × tasks` tasks in this process, on the one in-process runtime.
 async fn run_in_process(
     lock_engine: &LockEngine,
@@ -247,18 +259,13 @@ async fn run_in_process(
     let stop = Stop::default();
     let runs: Vec<_> = (1..=options.procs)
         .map(|id| {
-            let args = WorkerArgs {
-                id: id as u32,
-                lock_url: "memory://".into(),
-                store_url: store_server.url(),
-                tasks: options.tasks,
-                keys: options.keys,
-                lease: profile.lease,
-                wait: profile.wait,
-                locked: !options.no_lock,
-                mode: options.mode,
-                block: options.faults.contains(&Fault::Block),
-            };
+            let args = worker_args(
+                id as u32,
+                "memory://".into(),
+                store_server,
+                options,
+                profile,
+            );
             let worker = Arc::new(Worker::new(&args, rt.clone(), store.clone()));
             tokio::spawn(worker.run(options.tasks, stop.clone()))
         })

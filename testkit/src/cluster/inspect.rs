@@ -165,11 +165,17 @@ impl RedisCluster {
             .collect();
         let mut found: Vec<(String, usize)> = Vec::new();
         for master in masters {
-            let key = self.keys_on_master(prefix, master, 1).await.remove(0);
+            let key = self.key_on_master(prefix, master).await;
             found.push((key, master));
         }
         found.sort_by_key(|(_, m)| *m);
         found
+    }
+
+    /// One lock key `<prefix>:<n>` whose lock hash master `master` serves now (see
+    /// [`keys_on_master`](Self::keys_on_master)).
+    pub async fn key_on_master(&self, prefix: &str, master: usize) -> String {
+        self.keys_on_master(prefix, master, 1).await.remove(0)
     }
 
     /// `count` lock keys `<prefix>:<n>` whose lock hashes (`dlock:{<prefix>:<n>}`) master

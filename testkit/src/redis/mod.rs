@@ -221,6 +221,19 @@ impl RedisServer {
             .sum()
     }
 
+    /// `INFO commandstats` as command name (lower case) -> calls, those run inside scripts
+    /// included.
+    pub async fn command_stats(&self) -> std::collections::HashMap<String, u64> {
+        let info: String = self.query(redis::cmd("INFO").arg("commandstats")).await;
+        info.lines()
+            .filter_map(|line| {
+                let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = stats.strip_prefix("calls=")?.split(',').next()?;
+                Some((name.to_owned(), calls.parse().ok()?))
+            })
+            .collect()
+    }
+
     /// `PUBSUB NUMSUB channel`: how many client connections subscribe to the channel.
     pub async fn subscribers(&self, channel: &str) -> u64 {
         let reply: Vec<redis::Value> = self
@@ -245,6 +258,15 @@ impl Deref for RedisServer {
     fn deref(&self) -> &RedisKeys {
         &self.keys
     }
+}
+
+/// The hosts part of a `redlock://` URL over `servers`: `127.0.0.1:p1,127.0.0.1:p2,...`.
+pub fn redlock_hosts(servers: &[RedisServer]) -> String {
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    hosts.join(",")
 }
 
 /// Sums the `calls` of every script-running command in an `INFO commandstats` reply.

@@ -27,6 +27,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use dlock_runtime::{Runtime, distributed_lock};
+use dlock_tests::racy_increment;
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -145,16 +146,7 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
                     .wait(Duration::from_secs(60))
                     .acquire()
                     .await?;
-                let value: Option<u64> = redis::cmd("GET")
-                    .arg(&counter)
-                    .query_async(&mut conn)
-                    .await?;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                let () = redis::cmd("SET")
-                    .arg(&counter)
-                    .arg(value.unwrap_or(0) + 1)
-                    .query_async(&mut conn)
-                    .await?;
+                racy_increment(&counter, &mut conn).await?;
                 guard.release().await?;
             }
             println!("done {iterations}");
@@ -228,22 +220,15 @@ async fn run(args: Args) -> Result<ExitCode, BoxError> {
     }
 }
 
-/// GET the counter, sleep 1 ms, SET it to the value + 1: exact only under mutual exclusion,
-/// which here comes from the attribute alone (on the installed runtime).
+/// [`racy_increment`] of the counter: exact only under mutual exclusion, which here comes from
+/// the attribute alone (on the installed runtime).
 #[distributed_lock(key = "{key}", lease = "30s", wait = "60s")]
 async fn attr_increment(
     key: &str,
     counter: &str,
     conn: &mut redis::aio::MultiplexedConnection,
 ) -> Result<(), BoxError> {
-    let value: Option<u64> = redis::cmd("GET").arg(counter).query_async(conn).await?;
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    let () = redis::cmd("SET")
-        .arg(counter)
-        .arg(value.unwrap_or(0) + 1)
-        .query_async(conn)
-        .await?;
-    Ok(())
+    Ok(racy_increment(counter, conn).await?)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_runtime::LockEvent;
-use dlock_tests::AcquireExt;
+use dlock_tests::{AcquireExt, HoldExt};
 use tokio::sync::broadcast::Receiver;
 
 use crate::fixture::{Engine, Fixture};
@@ -40,7 +40,7 @@ async fn next_not_renewal(
 pub(crate) async fn events_tell_acquired_renewed_timeout_lost_and_released(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let (mut events, mut other_events) = (rt.events(), other.events());
     let key = "conformance:events:one";
 
@@ -111,11 +111,7 @@ pub(crate) async fn events_tell_acquired_renewed_timeout_lost_and_released(engin
 
     // A loss: the lock deleted behind the holder's back is seen at the next renewal.
     let key = "conformance:events:lost";
-    let guard = rt
-        .lock(key)
-        .lease(Duration::from_secs(6))
-        .held("acquire")
-        .await;
+    let guard = rt.hold(key, Duration::from_secs(6)).await;
     assert!(matches!(
         next_not_renewal(engine, &mut events, "Acquired").await,
         LockEvent::Acquired { .. }

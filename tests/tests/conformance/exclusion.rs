@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_tests::{AcquireExt, finish_within};
+use dlock_tests::{LONG_WAIT, held_long};
 
 use crate::fixture::{Engine, Fixture};
-use crate::support::{LONG_LEASE, assert_nothing_left};
+use crate::support::assert_nothing_left;
 
 /// Three runtimes with seventeen tasks each take one key ten times each. Inside, an overlap
 /// detector must read zero, and a counter is read, the task sleeps, and the counter is written
@@ -22,18 +22,14 @@ pub(crate) async fn mutual_exclusion_with_many_contenders(engine: Engine) {
     let key = "conformance:exclusion";
     let counter = Arc::new(AtomicU64::new(0));
     let inside = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for rt in fixture.runtimes(RUNTIMES).await {
-        for _ in 0..TASKS_PER_RUNTIME {
-            let (rt, counter, inside) = (rt.clone(), counter.clone(), inside.clone());
-            tasks.push(tokio::spawn(async move {
+    let tasks = (RUNTIMES, TASKS_PER_RUNTIME);
+    fixture
+        .tasks_on_each(tasks, Duration::from_secs(120), |rt| {
+            let (counter, inside) = (counter.clone(), inside.clone());
+            async move {
+                let what = format!("{engine:?}: acquire");
                 for _ in 0..ITERATIONS {
-                    let guard = rt
-                        .lock(key)
-                        .lease(LONG_LEASE)
-                        .wait(Duration::from_secs(60))
-                        .held(&format!("{engine:?}: acquire"))
-                        .await;
+                    let guard = held_long(rt.lock(key), LONG_WAIT, &what).await;
                     let others = inside.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(others, 0, "{engine:?}: two holders inside at once");
                     let value = counter.load(Ordering::SeqCst);
@@ -45,10 +41,9 @@ pub(crate) async fn mutual_exclusion_with_many_contenders(engine: Engine) {
                         .await
                         .unwrap_or_else(|e| panic!("{engine:?}: release: {e:?}"));
                 }
-            }));
-        }
-    }
-    finish_within(tasks, Duration::from_secs(120)).await;
+            }
+        })
+        .await;
     assert_eq!(
         counter.load(Ordering::SeqCst),
         (RUNTIMES * TASKS_PER_RUNTIME) as u64 * ITERATIONS,

@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{AcquireExt, HoldExt, Rng, Runtime, hand_off};
+use dlock_tests::{AcquireExt, HoldExt, Rng, Runtime, hand_off, held_long};
 use tokio::task::JoinHandle;
 
 use crate::fixture::{Engine, Fixture};
@@ -54,7 +54,7 @@ async fn buy(rt: &Runtime, other: &Runtime, key: &str, stock: u32) -> Result<u32
 /// them afterwards.
 pub(crate) async fn release_on_return_err_and_explicit_release(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
 
     let key = "conformance:exit:return";
     let out = with_lock(rt.lock(key).lease(LONG_LEASE), async {
@@ -125,7 +125,7 @@ where
 /// within [`RELEASE_WITHIN`] (released from `Drop`).
 pub(crate) async fn release_on_panic_and_cancellation_while_holding(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
 
     let key = "conformance:exit:panic";
     let task = spawn_holding(&rt, &other, key, async {
@@ -263,7 +263,7 @@ async fn assert_left_free(other: &Runtime, key: &str, when: &str) {
 /// mid-flight: none leaves the key held.
 pub(crate) async fn cancellation_mid_acquire_leaves_nothing_behind(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let mut rng = Rng::from_clock();
 
     let key = "conformance:exit:cut-acquire";
@@ -392,12 +392,8 @@ pub(crate) async fn guards_dropped_at_tokio_shutdown_are_released(engine: Engine
     };
     for key in keys {
         let started = Instant::now();
-        let guard = other
-            .lock(key)
-            .lease(LONG_LEASE)
-            .wait(Duration::from_secs(10))
-            .held(&format!("{engine:?}: {key} after the shutdown"))
-            .await;
+        let what = format!("{engine:?}: {key} after the shutdown");
+        let guard = held_long(other.lock(key), Duration::from_secs(10), &what).await;
         assert!(
             started.elapsed() < RELEASE_WITHIN,
             "{engine:?}: {key} was freed only after {:?}: its release was lost at shutdown",

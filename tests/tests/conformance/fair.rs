@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::testing::redis_fair_names;
-use dlock_runtime::{DEFAULT_PREFIX, FAIR_PLACE};
-use dlock_tests::{AcquireExt, LockError, Runtime, eventually, finish_within};
+use dlock_runtime::{DEFAULT_PREFIX, FAIR_PLACE, LockBuilder};
+use dlock_tests::{AcquireExt, LockError, LockGuard, Runtime, eventually, finish_within};
+use tokio::task::JoinHandle;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::LONG_LEASE;
@@ -16,8 +17,17 @@ use crate::support::LONG_LEASE;
 /// Bound on waiters taking their place in line.
 const QUEUED_WITHIN: Duration = Duration::from_secs(10);
 
-/// A fair lock on Redlock is refused at acquire time, naming the reason.
-async fn refused_on_redlock(fixture: &Fixture, key: &str) {
+/// How long every waiter below may wait, unless it is meant to give up.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Starts the engine's servers for a test of fair locks on `key`. On Redlock, which refuses
+/// fair locks, checks instead that a fair lock is refused at acquire time, naming the reason,
+/// and returns `None`.
+async fn start_unless_redlock(engine: Engine, key: &str) -> Option<Fixture> {
+    let fixture = Fixture::start(engine).await;
+    if engine != Engine::Redlock {
+        return Some(fixture);
+    }
     let err = fixture
         .runtime()
         .await
@@ -30,6 +40,50 @@ async fn refused_on_redlock(fixture: &Fixture, key: &str) {
         err.to_string().contains("fair locks are not available"),
         "Redlock: {err}"
     );
+    None
+}
+
+/// A fair lock of `key` on `rt` with `lease`.
+fn fair_lock(rt: &Runtime, key: &str, lease: Duration) -> LockBuilder {
+    rt.lock(key).fair(true).lease(lease)
+}
+
+/// `rt` holds `key` as a fair lock with [`LONG_LEASE`].
+async fn fair_holder(rt: &Runtime, key: &str) -> LockGuard {
+    fair_lock(rt, key, LONG_LEASE).held("the holder").await
+}
+
+/// A fair waiter of `key` on `rt` in a task of its own (wait [`WAIT`]): once it holds the key
+/// it releases it and returns when it acquired; the task panics naming `who` if it does not
+/// get the key.
+fn timed_waiter(
+    rt: Runtime,
+    key: &'static str,
+    lease: Duration,
+    who: String,
+) -> JoinHandle<Instant> {
+    tokio::spawn(async move {
+        let guard = fair_lock(&rt, key, lease).wait(WAIT).held(&who).await;
+        let at = Instant::now();
+        guard.release().await.expect("release");
+        at
+    })
+}
+
+/// Releases `holder`, then returns how long after the release `waiter` (from
+/// [`timed_waiter`]) acquired; panics naming `who` unless it did within 30 s.
+async fn acquired_after_release(
+    holder: LockGuard,
+    waiter: JoinHandle<Instant>,
+    who: &str,
+) -> Duration {
+    let released = Instant::now();
+    holder.release().await.expect("release");
+    let acquired = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{who} is blocked"))
+        .unwrap_or_else(|e| panic!("{who}: {e}"));
+    acquired.saturating_duration_since(released)
 }
 
 /// Waits until `n` waiters of `key` have taken their place in line: the length of the line in
@@ -58,29 +112,20 @@ async fn queued(fixture: &Fixture, key: &str, n: usize) {
 /// holds for 20 ms. They acquire in exactly the order they queued, the holder's own runtime
 /// not jumping the line (no hand-off out of turn).
 pub(crate) async fn fair_waiters_acquire_in_the_order_they_queued(engine: Engine) {
-    let fixture = Fixture::start(engine).await;
     let key = "conformance:fair:order";
-    if engine == Engine::Redlock {
-        return refused_on_redlock(&fixture, key).await;
-    }
+    let Some(fixture) = start_unless_redlock(engine, key).await else {
+        return;
+    };
     let runtimes = fixture.runtimes(4).await;
-    let holder = runtimes[0]
-        .lock(key)
-        .fair(true)
-        .lease(LONG_LEASE)
-        .held("the holder")
-        .await;
+    let holder = fair_holder(&runtimes[0], key).await;
     let plan = [1, 0, 2, 0, 3];
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for (place, &rt) in plan.iter().enumerate() {
         let (rt, order): (Runtime, _) = (runtimes[rt].clone(), order.clone());
         waiters.push(tokio::spawn(async move {
-            let guard = rt
-                .lock(key)
-                .fair(true)
-                .lease(LONG_LEASE)
-                .wait(Duration::from_secs(60))
+            let guard = fair_lock(&rt, key, LONG_LEASE)
+                .wait(WAIT)
                 .held(&format!("{engine:?}: waiter {place}"))
                 .await;
             order.lock().expect("order").push(place);
@@ -104,56 +149,25 @@ pub(crate) async fn fair_waiters_acquire_in_the_order_they_queued(engine: Engine
 /// in line is in `tests/fair.rs`); a second waiter behind it. When the holder releases, the second waiter
 /// acquires within the dead one's place plus a margin, not after its own wait of 60 s.
 pub(crate) async fn a_dead_waiter_does_not_block_the_line(engine: Engine) {
-    let fixture = Fixture::start(engine).await;
     let key = "conformance:fair:dead";
-    if engine == Engine::Redlock {
-        return refused_on_redlock(&fixture, key).await;
-    }
+    let Some(fixture) = start_unless_redlock(engine, key).await else {
+        return;
+    };
     let lease = fixture.params().short_lease;
     let place = lease.clamp(Duration::from_millis(500), FAIR_PLACE);
-    let (holder_rt, live_rt) = (fixture.runtime().await, fixture.runtime().await);
-    let holder = holder_rt
-        .lock(key)
-        .fair(true)
-        .lease(LONG_LEASE)
-        .held("the holder")
-        .await;
-    let dead = {
-        let rt = fixture.runtime().await;
-        tokio::spawn(async move {
-            let got = rt
-                .lock(key)
-                .fair(true)
-                .lease(lease)
-                .wait(Duration::from_secs(60))
-                .acquire()
-                .await;
-            panic!("the dead waiter got {got:?}");
-        })
-    };
-    queued(&fixture, key, 1).await;
-    let live = tokio::spawn(async move {
-        let guard = live_rt
-            .lock(key)
-            .fair(true)
-            .lease(lease)
-            .wait(Duration::from_secs(60))
-            .held(&format!("{engine:?}: the live waiter"))
-            .await;
-        let at = Instant::now();
-        guard.release().await.expect("release");
-        at
+    let [holder_rt, live_rt, dead_rt] = fixture.each_runtime().await;
+    let holder = fair_holder(&holder_rt, key).await;
+    let dead = tokio::spawn(async move {
+        let got = fair_lock(&dead_rt, key, lease).wait(WAIT).acquire().await;
+        panic!("the dead waiter got {got:?}");
     });
+    queued(&fixture, key, 1).await;
+    let live = timed_waiter(live_rt, key, lease, format!("{engine:?}: the live waiter"));
     queued(&fixture, key, 2).await;
     dead.abort();
     assert!(dead.await.is_err_and(|e| e.is_cancelled()));
-    let released = Instant::now();
-    holder.release().await.expect("release");
-    let acquired = tokio::time::timeout(Duration::from_secs(30), live)
-        .await
-        .unwrap_or_else(|_| panic!("{engine:?}: the live waiter is blocked by the dead one"))
-        .expect("live waiter");
-    let took = acquired.saturating_duration_since(released);
+    let who = format!("{engine:?}: the live waiter (behind the dead one)");
+    let took = acquired_after_release(holder, live, &who).await;
     println!("{engine:?}: the live waiter acquired {took:?} after the release (place {place:?})");
     assert!(
         took <= place + Duration::from_millis(1500),
@@ -167,58 +181,25 @@ pub(crate) async fn a_dead_waiter_does_not_block_the_line(engine: Engine) {
 /// the lock at once (within the engine's wake-up bound), not when the first one's place would
 /// have run out.
 pub(crate) async fn a_waiter_that_gives_up_leaves_the_line(engine: Engine) {
-    let fixture = Fixture::start(engine).await;
     let key = "conformance:fair:gives-up";
-    if engine == Engine::Redlock {
-        return refused_on_redlock(&fixture, key).await;
-    }
-    let runtimes = fixture.runtimes(3).await;
-    let holder = runtimes[0]
-        .lock(key)
-        .fair(true)
-        .lease(LONG_LEASE)
-        .held("the holder")
-        .await;
-    let impatient = {
-        let rt = runtimes[1].clone();
-        tokio::spawn(async move {
-            rt.lock(key)
-                .fair(true)
-                .lease(LONG_LEASE)
-                .wait(Duration::from_millis(500))
-                .acquire()
-                .await
-        })
+    let Some(fixture) = start_unless_redlock(engine, key).await else {
+        return;
     };
+    let [holder_rt, impatient_rt, patient_rt] = fixture.each_runtime().await;
+    let holder = fair_holder(&holder_rt, key).await;
+    let impatient = fair_lock(&impatient_rt, key, LONG_LEASE)
+        .wait(Duration::from_millis(500))
+        .spawn();
     queued(&fixture, key, 1).await;
-    let patient = {
-        let rt = runtimes[2].clone();
-        tokio::spawn(async move {
-            let guard = rt
-                .lock(key)
-                .fair(true)
-                .lease(LONG_LEASE)
-                .wait(Duration::from_secs(60))
-                .held(&format!("{engine:?}: the patient waiter"))
-                .await;
-            let at = Instant::now();
-            guard.release().await.expect("release");
-            at
-        })
-    };
+    let who = format!("{engine:?}: the patient waiter");
+    let patient = timed_waiter(patient_rt, key, LONG_LEASE, who.clone());
     queued(&fixture, key, 2).await;
-    let gave_up = impatient.await.expect("impatient waiter");
+    let (gave_up, _) = impatient.await.expect("impatient waiter");
     assert!(
         matches!(gave_up, Err(LockError::Timeout { .. })),
         "{engine:?}: {gave_up:?}"
     );
-    let released = Instant::now();
-    holder.release().await.expect("release");
-    let acquired = tokio::time::timeout(Duration::from_secs(30), patient)
-        .await
-        .unwrap_or_else(|_| panic!("{engine:?}: the patient waiter is blocked"))
-        .expect("patient waiter");
-    let took = acquired.saturating_duration_since(released);
+    let took = acquired_after_release(holder, patient, &who).await;
     let bound = fixture.params().wake_within + Duration::from_millis(300);
     assert!(
         took <= bound,

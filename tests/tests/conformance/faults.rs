@@ -1,14 +1,14 @@
 //! The engine itself going down while a lock is held, and coming back: real faults (kill -9,
 //! restart) on every engine with a server.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock_runtime::{LockError, with_lock};
+use dlock_runtime::with_lock;
 
 use crate::fixture::{Engine, Fixture};
-use crate::support::SetOnDrop;
+use dlock_tests::LongBody;
 
 /// How many waiters queue for the key before the engine goes down.
 const WAITERS: usize = 3;
@@ -31,21 +31,8 @@ pub(crate) async fn engine_down_while_held_is_lost_and_waiters_acquire_after_res
     let (lease, bound) = (params.down_lease, params.lost_within);
     let key = "conformance:faults:engine-down";
     let holder = fixture.runtime().await;
-    let (completed, dropped) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let body = tokio::spawn({
-        let lock = holder.lock(key).lease(lease);
-        let (completed, dropped) = (completed.clone(), dropped.clone());
-        with_lock(lock, async move {
-            let _flag = SetOnDrop(dropped);
-            held_tx.send(()).expect("the test waits");
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            completed.store(true, Ordering::SeqCst);
-        })
-    });
+    let long_body = LongBody::default();
+    let (body, held_rx) = long_body.spawn(holder.lock(key).lease(lease));
     held_rx.await.expect("the holder's body runs");
 
     let inside = Arc::new(AtomicUsize::new(0));
@@ -90,18 +77,10 @@ pub(crate) async fn engine_down_while_held_is_lost_and_waiters_acquire_after_res
         .expect("the holder task");
     let lost_after = killed.elapsed();
     println!("{engine:?} killed: the holder's with_lock returned {outcome:?} after {lost_after:?}");
-    match outcome {
-        Err(LockError::Lost { key: k }) => assert_eq!(k, key),
-        other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
-    }
+    long_body.assert_cancelled_with_lost(&format!("{engine:?}"), key, outcome);
     assert!(
         lost_after <= bound,
         "{engine:?}: Lost {lost_after:?} after the kill, later than {bound:?}"
-    );
-    assert!(dropped.load(Ordering::SeqCst), "the body must be dropped");
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "the body must not run to its end"
     );
 
     // The engine stays down a while (the waiters' attempts fail meanwhile), then comes back.

@@ -9,7 +9,7 @@ use dlock_runtime::{current_fence, with_lock};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::LONG_LEASE;
-use dlock_tests::{AcquireExt, finish_within};
+use dlock_tests::{AcquireExt, LONG_WAIT, finish_within, held_long};
 
 /// Checks one holder's token: `Some` where the engine gives fences, `None` on Redlock.
 #[track_caller]
@@ -67,13 +67,9 @@ pub(crate) async fn fences_strictly_increase_across_holders(engine: Engine) {
         .map(|i| {
             let (rt, seen) = (rts[i % 2].clone(), seen.clone());
             tokio::spawn(async move {
+                let what = format!("{engine:?}: acquire");
                 for _ in 0..5 {
-                    let guard = rt
-                        .lock(key)
-                        .lease(LONG_LEASE)
-                        .wait(Duration::from_secs(60))
-                        .held(&format!("{engine:?}: acquire"))
-                        .await;
+                    let guard = held_long(rt.lock(key), LONG_WAIT, &what).await;
                     seen.lock().expect("not poisoned").push(guard.fence());
                     tokio::task::yield_now().await;
                     guard.release().await.expect("release");

@@ -1,6 +1,7 @@
 //! The engines under test: start an engine's servers, hand out runtimes connected to it (each
 //! one standing for another process), and change its state behind a holder's back.
 
+use std::future::Future;
 use std::time::Duration;
 
 use dlock_runtime::testing::zookeeper_segment;
@@ -8,7 +9,10 @@ use dlock_tests::cluster::RedisCluster;
 use dlock_tests::etcd::EtcdServer;
 use dlock_tests::limits::{self, EngineLimits};
 use dlock_tests::zookeeper::ZooKeeperServer;
-use dlock_tests::{RedisKeys, RedisServer, Runtime, eventually, lock_key, released_channel};
+use dlock_tests::{
+    RedisKeys, RedisServer, Runtime, eventually, finish_within, lock_key, redlock_hosts,
+    released_channel,
+};
 
 /// The six engines every behaviour runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,16 +171,10 @@ impl Fixture {
             Servers::Memory(_) => None,
             Servers::Redis(server) => Some(server.url()),
             Servers::Cluster(cluster) => Some(cluster.url()),
-            Servers::Redlock(servers) => {
-                let hosts: Vec<String> = servers
-                    .iter()
-                    .map(|s| format!("127.0.0.1:{}", s.port()))
-                    .collect();
-                Some(format!(
-                    "redlock://{}?node_timeout={REDLOCK_NODE_TIMEOUT}",
-                    hosts.join(",")
-                ))
-            }
+            Servers::Redlock(servers) => Some(format!(
+                "redlock://{}?node_timeout={REDLOCK_NODE_TIMEOUT}",
+                redlock_hosts(servers)
+            )),
             Servers::Etcd(etcd) => Some(etcd.url()),
             Servers::ZooKeeper(zk) => Some(zk.url()),
         }
@@ -202,6 +200,36 @@ impl Fixture {
             out.push(self.runtime().await);
         }
         out
+    }
+
+    /// As many runtimes as the pattern they are bound to names (see
+    /// [`runtime`](Fixture::runtime)): `let [rt, other] = fixture.each_runtime().await;`.
+    pub(crate) async fn each_runtime<const N: usize>(&self) -> [Runtime; N] {
+        let runtimes = self.runtimes(N).await;
+        runtimes
+            .try_into()
+            .unwrap_or_else(|_: Vec<Runtime>| unreachable!("runtimes(N) returns N runtimes"))
+    }
+
+    /// Runs `per_runtime` tasks on each of `n` runtimes (see [`runtime`](Fixture::runtime)),
+    /// each the future `task` makes of its runtime; waits for them in order, each within
+    /// `within` (see [`finish_within`]), and panics if one panicked.
+    pub(crate) async fn tasks_on_each<F, Fut>(
+        &self,
+        (n, per_runtime): (usize, usize),
+        within: Duration,
+        task: F,
+    ) where
+        F: Fn(Runtime) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut tasks = Vec::new();
+        for rt in self.runtimes(n).await {
+            for _ in 0..per_runtime {
+                tasks.push(tokio::spawn(task(rt.clone())));
+            }
+        }
+        finish_within(tasks, within).await;
     }
 
     /// Raw access to the keys of the Redis engines, behind the runtime's back: the server

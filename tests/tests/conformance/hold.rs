@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_runtime::with_lock;
+use dlock_runtime::{LockBuilder, Runtime, with_lock};
 use dlock_tests::{AcquireExt, LONG_LEASE, assert_between, waiter_got_it};
 
 use crate::fixture::{Engine, Fixture};
@@ -18,24 +18,24 @@ const HOLD: Duration = Duration::from_secs(3);
 /// the waiter sees the deletion; ZooKeeper's node goes by a delete the runtime sends.
 const FREED_WITHIN: Duration = Duration::from_millis(2500);
 
+/// A job's lock of `key` on `rt`: `lease = 30 s, watchdog = false, hold_at_least = hold`.
+fn job(rt: &Runtime, key: &str, hold: Duration) -> LockBuilder {
+    rt.lock(key)
+        .lease(LONG_LEASE)
+        .watchdog(false)
+        .hold_at_least(hold)
+}
+
 /// A job whose body ends at once, under `lease = 30 s, watchdog = false, hold_at_least = 3 s`:
 /// until about 3 s after the acquisition another runtime's tries without wait time out; a
 /// waiter of a third runtime started at the release gets the key after the hold has ended, and
 /// within [`FREED_WITHIN`] of that.
 pub(crate) async fn a_short_run_keeps_the_key_until_hold_at_least(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other, third) = (
-        fixture.runtime().await,
-        fixture.runtime().await,
-        fixture.runtime().await,
-    );
+    let [rt, other, third] = fixture.each_runtime().await;
     let key = "conformance:hold:short-run";
     let start = Instant::now();
-    let job = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .watchdog(false)
-        .hold_at_least(HOLD);
+    let job = job(&rt, key, HOLD);
     with_lock(job, async {})
         .await
         .unwrap_or_else(|e| panic!("{engine:?}: the job: {e:?}"));
@@ -67,14 +67,10 @@ pub(crate) async fn a_short_run_keeps_the_key_until_hold_at_least(engine: Engine
 /// runtime as soon as the call returns.
 pub(crate) async fn a_run_longer_than_hold_at_least_releases_at_once(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let key = "conformance:hold:long-run";
     let hold = Duration::from_secs(1);
-    let job = rt
-        .lock(key)
-        .lease(LONG_LEASE)
-        .watchdog(false)
-        .hold_at_least(hold);
+    let job = job(&rt, key, hold);
     with_lock(job, tokio::time::sleep(hold + Duration::from_millis(500)))
         .await
         .unwrap_or_else(|e| panic!("{engine:?}: the job: {e:?}"));

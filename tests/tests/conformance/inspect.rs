@@ -9,7 +9,7 @@ use dlock_runtime::{LockInfo, Runtime, current_fence, with_lock};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_nothing_left};
-use dlock_tests::{AcquireExt, eventually, lock_key, waiter_got_it};
+use dlock_tests::{AcquireExt, HoldExt, eventually, lock_key, waiter_got_it};
 
 /// How many characters of the owner token a `LockInfo` shows, before its `…`.
 const OWNER_SHOWN: usize = 8;
@@ -68,7 +68,7 @@ async fn listed(rt: &Runtime, prefix: &str) -> Vec<String> {
 /// `list` answers the prefix's keys sorted; a released key is neither listed nor inspected.
 pub(crate) async fn held_locks_are_listed_with_their_holder(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (holder, observer) = (fixture.runtime().await, fixture.runtime().await);
+    let [holder, observer] = fixture.each_runtime().await;
     let prefix = "conformance:inspect:";
     let (a, b, other) = (
         "conformance:inspect:b",
@@ -128,7 +128,7 @@ pub(crate) async fn held_locks_are_listed_with_their_holder(engine: Engine) {
 /// `inspect` shows it once, with the outer guard's fence, during and after the inner hold.
 pub(crate) async fn reentered_lock_is_one_hold_with_the_outer_fence(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (holder, observer) = (fixture.runtime().await, fixture.runtime().await);
+    let [holder, observer] = fixture.each_runtime().await;
     let key = "conformance:inspect:reentered";
     with_lock(holder.lock(key).lease(LONG_LEASE), async {
         let outer = current_fence();
@@ -155,18 +155,9 @@ pub(crate) async fn reentered_lock_is_one_hold_with_the_outer_fence(engine: Engi
 /// once it got the key.
 pub(crate) async fn waiters_are_not_holders(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (holder, waiting, observer) = (
-        fixture.runtime().await,
-        fixture.runtime().await,
-        fixture.runtime().await,
-    );
+    let [holder, waiting, observer] = fixture.each_runtime().await;
     let key = "conformance:inspect:queued";
-    let guard = holder
-        .lock(key)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("holder");
+    let guard = holder.hold(key, LONG_LEASE).await;
     let before = observer.inspect(key).await.expect("inspect").expect("held");
     let waiter = waiting
         .lock(key)
@@ -211,15 +202,10 @@ pub(crate) async fn waiters_are_not_holders(engine: Engine) {
 /// write, and the check is that a listing around held locks answers them alone.
 pub(crate) async fn reservations_and_foreign_values_are_not_holders(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (holder, observer) = (fixture.runtime().await, fixture.runtime().await);
+    let [holder, observer] = fixture.each_runtime().await;
     let prefix = "conformance:inspect:raw:";
     let held = "conformance:inspect:raw:held";
-    let guard = holder
-        .lock(held)
-        .lease(LONG_LEASE)
-        .acquire()
-        .await
-        .expect("held");
+    let guard = holder.hold(held, LONG_LEASE).await;
     let (reserved, foreign, hash) = (
         "conformance:inspect:raw:reserved",
         "conformance:inspect:raw:foreign",

@@ -8,11 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{AcquireExt, assert_between, waiter_got_it, while_held};
-use tokio::sync::oneshot;
+use dlock_tests::{AcquireExt, HoldExt, LongBody, assert_between, waiter_got_it, while_held};
 
 use crate::fixture::{Engine, Fixture};
-use crate::support::{RELEASE_WITHIN, SetOnDrop, acquire_within, assert_busy, assert_free};
+use crate::support::{RELEASE_WITHIN, acquire_within, assert_busy, assert_free};
 
 /// The lease of the loss tests: renewed every 2 s, so a loss seen within [`LOSS_SEEN_WITHIN`]
 /// was seen by a renewal, not by the lease running out.
@@ -21,54 +20,13 @@ const LOSS_LEASE: Duration = Duration::from_secs(6);
 /// Bound on `lost()` after the lock record is deleted: one renewal interval plus margin.
 const LOSS_SEEN_WITHIN: Duration = Duration::from_millis(3500);
 
-/// A `with_lock` body that would run for a minute, recording whether it completed and whether
-/// it was dropped.
-#[derive(Default)]
-struct LongBody {
-    completed: Arc<AtomicBool>,
-    dropped: Arc<AtomicBool>,
-}
-
-impl LongBody {
-    /// The body: tells `held` it runs, then sleeps 60 s and marks itself completed.
-    fn run(&self, held: Option<oneshot::Sender<()>>) -> impl Future<Output = ()> + use<> {
-        let (completed, flag) = (self.completed.clone(), SetOnDrop(self.dropped.clone()));
-        async move {
-            let _flag = flag;
-            if let Some(held) = held {
-                held.send(()).expect("the test waits");
-            }
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            completed.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// Asserts `with_lock` returned `Err(Lost)` naming `key`, having dropped the body before
-    /// its end.
-    #[track_caller]
-    fn assert_cancelled_with_lost(&self, engine: Engine, key: &str, out: Result<(), LockError>) {
-        match out {
-            Err(LockError::Lost { key: k, .. }) => assert_eq!(k, key),
-            other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
-        }
-        assert!(
-            self.dropped.load(Ordering::SeqCst),
-            "{engine:?}: the body must be dropped"
-        );
-        assert!(
-            !self.completed.load(Ordering::SeqCst),
-            "{engine:?}: the body ran to its end"
-        );
-    }
-}
-
 /// A lock with the engine's shortest lease (1 s; 2 s on etcd and ZooKeeper) is held for five to
 /// six seconds: throughout, another runtime finds it busy and the guard is not lost; then the
 /// release succeeds (still the owner) and frees the key.
 pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let key = "conformance:lease:renewed";
     let guard = rt.lock(key).lease(params.short_lease).held("acquire").await;
     let every = Duration::from_millis(100);
@@ -97,7 +55,7 @@ pub(crate) async fn watchdog_keeps_a_short_lease_alive(engine: Engine) {
 pub(crate) async fn with_lock_bodies_keep_a_short_lease_alive(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let body = |keys: &'static [&'static str]| {
         let other = &other;
         async move {
@@ -146,7 +104,7 @@ pub(crate) async fn with_lock_bodies_keep_a_short_lease_alive(engine: Engine) {
 pub(crate) async fn a_holder_blocking_its_thread_keeps_its_lease(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let lease = params.short_lease;
 
     let key = "conformance:lease:blocking-guard";
@@ -257,20 +215,11 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let params = fixture.params();
     let lease = params.short_lease;
-    let (rt, other, third) = (
-        fixture.runtime().await,
-        fixture.runtime().await,
-        fixture.runtime().await,
-    );
+    let [rt, other, third] = fixture.each_runtime().await;
 
     let key = "conformance:lease:hard-cap";
     let start = Instant::now();
-    let guard = rt
-        .lock(key)
-        .lease(lease)
-        .watchdog(false)
-        .held("acquire")
-        .await;
+    let guard = rt.hold_capped(key, lease).await;
     let guard_fence = guard.fence();
     let waiter = other.lock(key).wait(Duration::from_secs(20)).spawn();
     tokio::time::timeout(lease + Duration::from_secs(5), guard.lost())
@@ -322,7 +271,7 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
     .await
     .unwrap_or_else(|_| panic!("{engine:?}: with_lock must end once the lease is lost"));
     let took = start.elapsed();
-    body.assert_cancelled_with_lost(engine, key, out);
+    body.assert_cancelled_with_lost(&format!("{engine:?}"), key, out);
     assert_between(
         "with_lock Err(Lost) at the hard cap",
         took,
@@ -343,7 +292,7 @@ pub(crate) async fn watchdog_off_lease_is_a_hard_cap(engine: Engine) {
 /// body is dropped and the call returns `Err(Lost)` within 3.5 s.
 pub(crate) async fn deleted_key_is_lost(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
 
     let key = "conformance:lease:deleted";
     let guard = rt.lock(key).lease(LOSS_LEASE).held("acquire").await;
@@ -366,11 +315,7 @@ pub(crate) async fn deleted_key_is_lost(engine: Engine) {
 
     let key = "conformance:lease:deleted-with-lock";
     let body = LongBody::default();
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(with_lock(
-        rt.lock(key).lease(LOSS_LEASE),
-        body.run(Some(held_tx)),
-    ));
+    let (task, held_rx) = body.spawn(rt.lock(key).lease(LOSS_LEASE));
     held_rx.await.expect("the body runs");
     fixture.delete_lock(key).await;
     let deleted = Instant::now();
@@ -384,5 +329,5 @@ pub(crate) async fn deleted_key_is_lost(engine: Engine) {
         "{engine:?}: with_lock returned {:?} after the delete",
         deleted.elapsed()
     );
-    body.assert_cancelled_with_lost(engine, key, out);
+    body.assert_cancelled_with_lost(&format!("{engine:?}"), key, out);
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, distributed_lock, with_lock};
-use dlock_tests::{AcquireExt, HoldExt, finish_within};
+use dlock_tests::{AcquireExt, HoldExt, LONG_WAIT, LongBody, finish_within, held_long};
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, RELEASE_WITHIN, SetOnDrop, assert_busy, assert_free};
@@ -45,12 +45,8 @@ pub(crate) async fn opposite_orders_never_deadlock(engine: Engine) {
         tasks.push(tokio::spawn(async move {
             for round in 0..ROUNDS {
                 if round % 2 == 0 {
-                    let guard = rt
-                        .lock_all(order)
-                        .lease(LONG_LEASE)
-                        .wait(Duration::from_secs(60))
-                        .held(&format!("{engine:?}: round {round} of {order:?}"))
-                        .await;
+                    let what = format!("{engine:?}: round {round} of {order:?}");
+                    let guard = held_long(rt.lock_all(order), LONG_WAIT, &what).await;
                     assert_eq!(guard.keys(), [a, b], "{engine:?}: canonical order");
                     let others = inside.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(others, 0, "{engine:?}: two holders of {order:?} at once");
@@ -83,11 +79,7 @@ pub(crate) async fn opposite_orders_never_deadlock(engine: Engine) {
 /// whole.
 pub(crate) async fn a_set_with_one_busy_key_takes_none_of_them(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other, third) = (
-        fixture.runtime().await,
-        fixture.runtime().await,
-        fixture.runtime().await,
-    );
+    let [rt, other, third] = fixture.each_runtime().await;
     let (a, b, c) = (
         "conformance:multi:none:a",
         "conformance:multi:none:b",
@@ -127,12 +119,12 @@ pub(crate) async fn a_set_with_one_busy_key_takes_none_of_them(engine: Engine) {
         assert_busy(&third, b, "still the other runtime's").await;
     }
     held.release().await.expect("release");
-    let all = rt
-        .lock_all([c, b, a])
-        .lease(LONG_LEASE)
-        .wait(Duration::from_secs(5))
-        .held(&format!("{engine:?}: the whole set once b is free"))
-        .await;
+    let all = held_long(
+        rt.lock_all([c, b, a]),
+        Duration::from_secs(5),
+        &format!("{engine:?}: the whole set once b is free"),
+    )
+    .await;
     assert_eq!(all.keys(), [a, b, c]);
     for key in [a, b, c] {
         assert_busy(&third, key, "held by the set").await;
@@ -146,7 +138,7 @@ pub(crate) async fn a_set_with_one_busy_key_takes_none_of_them(engine: Engine) {
 /// `with_lock` body free every key.
 pub(crate) async fn one_guard_covers_every_key(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let fences = fixture.params().fences;
     let keys = ["conformance:multi:guard:y", "conformance:multi:guard:x"];
     let [y, x] = keys;
@@ -228,7 +220,7 @@ async fn within_release(rt: &dlock_tests::Runtime, keys: [&str; 2], when: &str) 
 /// key is freed with it.
 pub(crate) async fn losing_one_key_loses_the_set(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let (lease, seen_within) = (Duration::from_secs(6), Duration::from_millis(3500));
 
     let keys = ["conformance:multi:lost:a", "conformance:multi:lost:b"];
@@ -249,37 +241,15 @@ pub(crate) async fn losing_one_key_loses_the_set(engine: Engine) {
         "conformance:multi:lost-body:a",
         "conformance:multi:lost-body:b",
     ];
-    let completed = Arc::new(AtomicBool::new(false));
-    let dropped = Arc::new(AtomicBool::new(false));
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let body = {
-        let (completed, flag) = (completed.clone(), SetOnDrop(dropped.clone()));
-        async move {
-            let _flag = flag;
-            held_tx.send(()).expect("the test waits");
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            completed.store(true, Ordering::SeqCst);
-        }
-    };
-    let task = tokio::spawn(with_lock(rt.lock_all(keys).lease(lease), body));
+    let body = LongBody::default();
+    let (task, held_rx) = body.spawn(rt.lock_all(keys).lease(lease));
     held_rx.await.expect("the body runs");
     fixture.delete_lock(keys[1]).await;
     let out = tokio::time::timeout(seen_within, task)
         .await
         .unwrap_or_else(|_| panic!("{engine:?}: with_lock must end within {seen_within:?}"))
         .expect("task");
-    match out {
-        Err(LockError::Lost { key }) => assert_eq!(key, keys[1], "{engine:?}: the lost key"),
-        other => panic!("{engine:?}: expected Err(Lost), got {other:?}"),
-    }
-    assert!(
-        dropped.load(Ordering::SeqCst),
-        "{engine:?}: the body must be dropped"
-    );
-    assert!(
-        !completed.load(Ordering::SeqCst),
-        "{engine:?}: the body ran to its end"
-    );
+    body.assert_cancelled_with_lost(&format!("{engine:?}"), keys[1], out);
     dlock_tests::acquire_within(
         &other,
         keys[0],
@@ -294,7 +264,7 @@ pub(crate) async fn losing_one_key_loses_the_set(engine: Engine) {
 /// a nested call on `a` inside the set's body re-enters too. The outer exit frees `b`.
 pub(crate) async fn a_set_reenters_the_keys_its_chain_holds(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let (a, b) = ("conformance:multi:reenter:a", "conformance:multi:reenter:b");
     // Bodies boxed: the nested futures of a debug build stay off the test thread's stack.
     let chain = with_lock(
@@ -312,12 +282,12 @@ pub(crate) async fn a_set_reenters_the_keys_its_chain_holds(engine: Engine) {
                         )
                         .await;
                         nested.expect("a nested call on a key of the set re-enters");
-                        let guard = rt
-                            .lock_all([b, a])
-                            .lease(LONG_LEASE)
-                            .wait(Duration::ZERO)
-                            .held("the same set, re-entered whole")
-                            .await;
+                        let guard = held_long(
+                            rt.lock_all([b, a]),
+                            Duration::ZERO,
+                            "the same set, re-entered whole",
+                        )
+                        .await;
                         let fences = guard.fences();
                         guard.release().await.expect("release a re-entry");
                         fences
@@ -350,7 +320,7 @@ async fn bounded<T>(engine: Engine, fut: impl Future<Output = T>) -> T {
 /// frees them all.
 pub(crate) async fn the_watchdog_renews_every_key_of_a_set(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let params = fixture.params();
     let keys = ["conformance:multi:renew:a", "conformance:multi:renew:b"];
     let guard = rt

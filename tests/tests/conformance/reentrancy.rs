@@ -21,7 +21,7 @@ const NO_DEADLOCK: Duration = Duration::from_secs(10);
 /// runtime still finds the key busy. The outermost exit frees it.
 pub(crate) async fn nested_acquisition_reenters_and_inner_exit_keeps_the_hold(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
 
     let key = "conformance:reentrancy:nested";
     let out = tokio::time::timeout(
@@ -316,7 +316,7 @@ pub(crate) async fn concurrent_branches_of_a_chain_are_different_owners(engine: 
 /// (`is_lost`, `lost()`, and `release` returns `Lost`), and another owner gets the key at once.
 pub(crate) async fn reentrant_guard_kept_past_its_chain_is_lost(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (rt, other) = (fixture.runtime().await, fixture.runtime().await);
+    let [rt, other] = fixture.each_runtime().await;
     let key = "conformance:reentrancy:escaped";
 
     let escaped = with_lock(rt.lock(key).lease(LONG_LEASE), async {

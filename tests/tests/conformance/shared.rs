@@ -8,14 +8,31 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_runtime::{LockError, with_lock};
-use dlock_tests::{AcquireExt, finish_within, hold_in_process};
+use dlock_runtime::{LockBuilder, LockError, Runtime, with_lock};
+use dlock_tests::{AcquireExt, LONG_WAIT, finish_within, held_long, hold_in_process};
 use tokio::time::Instant;
 
 use crate::fixture::{Engine, Fixture};
 use crate::support::{LONG_LEASE, assert_nothing_left};
 
 const WAIT: Duration = Duration::from_secs(20);
+
+/// A read lock of `key` on `rt` that waits up to [`WAIT`].
+fn read_lock(rt: &Runtime, key: &str) -> LockBuilder {
+    rt.lock(key).read().wait(WAIT)
+}
+
+/// Asserts that `lock` (with the runtime's default wait) times out, the key being taken; the
+/// failure names `what` on `engine`.
+async fn kept_out(lock: LockBuilder, engine: Engine, what: &str) {
+    lock.times_out(&format!("{engine:?}: {what}")).await;
+}
+
+/// Asserts that acquiring `lock` is `InvalidConfig` and returns the error; the failure names
+/// `what` on `engine`.
+async fn invalid(lock: LockBuilder, engine: Engine, what: &str) -> LockError {
+    lock.invalid_config(&format!("{engine:?}: {what}")).await
+}
 
 /// Three readers on three runtimes: each, once it holds, waits until all three hold. Without
 /// overlapping readers the first would wait forever for the others.
@@ -27,13 +44,8 @@ pub(crate) async fn readers_truly_overlap(engine: Engine) {
     for rt in fixture.runtimes(3).await {
         let inside = inside.clone();
         tasks.push(tokio::spawn(async move {
-            let guard = rt
-                .lock(key)
-                .read()
-                .lease(LONG_LEASE)
-                .wait(WAIT)
-                .held(&format!("{engine:?}: a reader"))
-                .await;
+            let guard =
+                held_long(rt.lock(key).read(), WAIT, &format!("{engine:?}: a reader")).await;
             inside.fetch_add(1, Ordering::SeqCst);
             let start = Instant::now();
             while inside.load(Ordering::SeqCst) < 3 {
@@ -59,34 +71,13 @@ pub(crate) async fn a_writer_excludes_readers_and_writers(engine: Engine) {
     let rts = fixture.runtimes(2).await;
     let (a, b) = (&rts[0], &rts[1]);
     let writer = a.lock(key).held(&format!("{engine:?}: writer")).await;
-    let err = b
-        .lock(key)
-        .read()
-        .acquire()
-        .await
-        .expect_err("read while written");
-    assert!(err.is_timeout(), "{engine:?}: {err}");
-    let err = b
-        .lock(key)
-        .acquire()
-        .await
-        .expect_err("write while written");
-    assert!(err.is_timeout(), "{engine:?}: {err}");
+    kept_out(b.lock(key).read(), engine, "read while written").await;
+    kept_out(b.lock(key), engine, "write while written").await;
     let writer_fence = writer.fence();
     writer.release().await.expect("release the writer");
 
-    let r1 = a
-        .lock(key)
-        .read()
-        .wait(WAIT)
-        .held(&format!("{engine:?}: reader 1"))
-        .await;
-    let r2 = b
-        .lock(key)
-        .read()
-        .wait(WAIT)
-        .held(&format!("{engine:?}: reader 2"))
-        .await;
+    let r1 = read_lock(a, key).held("reader 1").await;
+    let r2 = read_lock(b, key).held("reader 2").await;
     if engine.params().fences {
         let (w, f1, f2) = (
             writer_fence.unwrap(),
@@ -95,21 +86,12 @@ pub(crate) async fn a_writer_excludes_readers_and_writers(engine: Engine) {
         );
         assert!(w < f1 && f1 < f2, "{engine:?}: fences {w} {f1} {f2}");
     }
-    let err = b.lock(key).acquire().await.expect_err("write while read");
-    assert!(err.is_timeout(), "{engine:?}: {err}");
+    kept_out(b.lock(key), engine, "write while read").await;
     r1.release().await.expect("release reader 1");
-    let err = a
-        .lock(key)
-        .acquire()
-        .await
-        .expect_err("write while one reader reads");
-    assert!(err.is_timeout(), "{engine:?}: {err}");
+    kept_out(a.lock(key), engine, "write while one reader reads").await;
     r2.release().await.expect("release reader 2");
-    let writer = b
-        .lock(key)
-        .wait(WAIT)
-        .held(&format!("{engine:?}: writer after readers"))
-        .await;
+    let what = format!("{engine:?}: writer after readers");
+    let writer = b.lock(key).wait(WAIT).held(&what).await;
     writer.release().await.expect("release");
     assert_nothing_left(a, key, "after the last release").await;
 }
@@ -147,14 +129,7 @@ async fn writer_against_a_stream_of_readers(engine: Engine, fair: bool) {
                 let (rt, readers_inside) = (rt.clone(), readers_inside.clone());
                 let writer_inside = writer_inside.clone();
                 readers.push(tokio::spawn(async move {
-                    let guard = rt
-                        .lock(key)
-                        .read()
-                        .lease(LONG_LEASE)
-                        .wait(WAIT)
-                        .acquire()
-                        .await;
-                    let guard = guard.expect("a reader");
+                    let guard = held_long(rt.lock(key).read(), WAIT, "a reader").await;
                     assert!(
                         !writer_inside.load(Ordering::SeqCst),
                         "a reader inside with the writer"
@@ -216,28 +191,22 @@ pub(crate) async fn a_semaphore_never_exceeds_its_permits(engine: Engine) {
     let key = "conformance:semaphore:bound";
     let inside = Arc::new(AtomicU64::new(0));
     let most = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for rt in fixture.runtimes(3).await {
-        for _ in 0..5 {
-            let (rt, inside, most) = (rt.clone(), inside.clone(), most.clone());
-            tasks.push(tokio::spawn(async move {
+    fixture
+        .tasks_on_each((3, 5), Duration::from_secs(120), |rt| {
+            let (inside, most) = (inside.clone(), most.clone());
+            async move {
                 for _ in 0..4 {
-                    let permit = rt
-                        .semaphore(key, PERMITS)
-                        .lease(LONG_LEASE)
-                        .wait(Duration::from_secs(60))
-                        .held(&format!("{engine:?}: a permit"))
-                        .await;
+                    let what = format!("{engine:?}: a permit");
+                    let permit = held_long(rt.semaphore(key, PERMITS), LONG_WAIT, &what).await;
                     let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(30)).await;
                     inside.fetch_sub(1, Ordering::SeqCst);
                     permit.release().await.expect("release a permit");
                 }
-            }));
-        }
-    }
-    finish_within(tasks, Duration::from_secs(120)).await;
+            }
+        })
+        .await;
     let most = most.load(Ordering::SeqCst);
     assert!(
         most <= u64::from(PERMITS),
@@ -261,35 +230,21 @@ pub(crate) async fn a_semaphore_of_another_size_is_invalid_config(engine: Engine
         .semaphore(key, 2)
         .held(&format!("{engine:?}: a permit of 2"))
         .await;
-    let err = rts[1]
-        .semaphore(key, 3)
-        .acquire()
-        .await
-        .expect_err("another size");
-    assert!(err.is_invalid_config(), "{engine:?}: {err}");
+    let err = invalid(rts[1].semaphore(key, 3), engine, "another size").await;
     let text = err.to_string();
     assert!(
         text.contains('3') && text.contains('2'),
         "{engine:?}: {text}"
     );
     held.release().await.expect("release");
-    let err = rts[1]
-        .semaphore(key, 0)
-        .acquire()
-        .await
-        .expect_err("zero permits");
-    assert!(err.is_invalid_config(), "{engine:?}: {err}");
+    invalid(rts[1].semaphore(key, 0), engine, "zero permits").await;
 
     let one = rts[0]
         .semaphore("conformance:semaphore:one", 1)
         .held("permit of 1")
         .await;
-    let err = rts[1]
-        .semaphore("conformance:semaphore:one", 1)
-        .acquire()
-        .await
-        .expect_err("busy");
-    assert!(err.is_timeout(), "{engine:?}: {err}");
+    let busy = rts[1].semaphore("conformance:semaphore:one", 1);
+    kept_out(busy, engine, "a permit of 1 held").await;
     one.release().await.expect("release");
     assert_nothing_left(&rts[1], key, "after the release").await;
 }

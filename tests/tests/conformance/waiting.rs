@@ -15,11 +15,7 @@ use crate::support::{LONG_LEASE, assert_free, assert_nothing_left};
 /// two runtimes. The timed-out waiters leave nothing behind: after the release the key is free.
 pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
     let fixture = Fixture::start(engine).await;
-    let (holder_rt, rt, other) = (
-        fixture.runtime().await,
-        fixture.runtime().await,
-        fixture.runtime().await,
-    );
+    let [holder_rt, rt, other] = fixture.each_runtime().await;
     let key = "conformance:wait:timeout";
     let holder = holder_rt.lock(key).lease(LONG_LEASE).held("holder").await;
 
@@ -104,7 +100,7 @@ pub(crate) async fn wait_timeout_returns_timeout_within_bounds(engine: Engine) {
 pub(crate) async fn release_wakes_a_waiter_long_before_the_lease(engine: Engine) {
     let fixture = Fixture::start(engine).await;
     let bound = fixture.params().wake_within;
-    let (holder_rt, rt) = (fixture.runtime().await, fixture.runtime().await);
+    let [holder_rt, rt] = fixture.each_runtime().await;
     let key = "conformance:wait:wake";
     release_wakes_the_waiter(&holder_rt, &rt, key, (5, bound), &format!("{engine:?}")).await;
 }
