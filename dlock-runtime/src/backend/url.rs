@@ -21,7 +21,7 @@ pub(crate) struct EngineUrl<'a> {
     /// The whole URL with its secrets redacted ([`redact`]), for messages.
     pub(crate) url: String,
     pub(crate) scheme: &'a str,
-    /// Between `://` and `?` (or `#`): hosts, path.
+    /// Between `://` and `?` (or `#`): userinfos, hosts, path ([`split_authority`]).
     pub(crate) base: &'a str,
     pub(crate) fragment: Option<&'a str>,
     /// Query pairs not taken by the runtime, as written (`name=value`).
@@ -37,14 +37,9 @@ impl<'a> EngineUrl<'a> {
                 redact(url)
             ))
         })?;
-        let (rest, fragment) = match rest.split_once('#') {
-            Some((rest, fragment)) => (rest, Some(fragment)),
-            None => (rest, None),
-        };
-        let (base, query) = match rest.split_once('?') {
-            Some((base, query)) => (base, Some(query)),
-            None => (rest, None),
-        };
+        let (authority, tail) = split_authority(rest);
+        let (path, query, fragment) = split_tail(tail);
+        let base = &rest[..authority.len() + path.len()];
         let options = query
             .into_iter()
             .flat_map(|q| q.split('&'))
@@ -75,14 +70,20 @@ impl<'a> EngineUrl<'a> {
     }
 
     #[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
-    /// The comma-separated hosts of the base (before any `/path`), none of them empty.
+    /// The comma-separated hosts of the base (before any `/path`), each with its
+    /// `userinfo@` if it has one ([`host_entries`]), none of them empty.
     pub(crate) fn hosts(&self, expected: &str) -> Result<Vec<&'a str>, LockError> {
-        let hosts: Vec<&str> = self
-            .base
-            .trim_end_matches('/')
-            .split(',')
-            .map(str::trim)
+        let (authority, path) = split_authority(self.base);
+        let mut hosts: Vec<&str> = host_entries(authority)
+            .into_iter()
+            .map(|entry| entry.whole)
             .collect();
+        // A path stays with the last host, as written (`/0`: its db); a final `/` goes.
+        if let Some(last) = hosts.last_mut() {
+            let end = authority.len() + path.trim_end_matches('/').len();
+            *last = &self.base[authority.len() - last.len()..end];
+        }
+        let hosts: Vec<&str> = hosts.into_iter().map(str::trim).collect();
         if hosts.iter().any(|h| h.is_empty()) {
             return Err(LockError::config(format!(
                 "`{}`: expected {expected}",
@@ -90,6 +91,19 @@ impl<'a> EngineUrl<'a> {
             )));
         }
         Ok(hosts)
+    }
+
+    #[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+    /// `InvalidConfig` when the URL has a `userinfo@`: for engines that take no credentials
+    /// in their URL (the password is not shown, and not sent anywhere).
+    pub(crate) fn refuse_userinfo(&self, engine: &str) -> Result<(), LockError> {
+        if split_authority(self.base).0.contains('@') {
+            return Err(LockError::config(format!(
+                "`{}`: {engine} takes no `user:password@` in its URL",
+                self.url
+            )));
+        }
+        Ok(())
     }
 
     /// Gives every option to `config`, except those in `pass_through` (read by the engine's
@@ -129,35 +143,144 @@ impl fmt::Debug for EngineUrl<'_> {
     }
 }
 
+/// Splits what follows `scheme://` into the authority (userinfos and hosts) and the rest
+/// (path, query, fragment). A password may hold any character, written as is: `@`, `/`, `?`,
+/// `#` too, so the authority runs to the first `/`, `?` or `#` after its **last** `@` (an
+/// `@` in a path, an option value or a fragment must therefore be written `%40`).
+pub(crate) fn split_authority(rest: &str) -> (&str, &str) {
+    let hosts_start = rest.rfind('@').map_or(0, |at| at + 1);
+    let end = rest[hosts_start..]
+        .find(['/', '?', '#'])
+        .map_or(rest.len(), |i| hosts_start + i);
+    rest.split_at(end)
+}
+
+/// What follows the authority: its path, its query (after `?`) and its fragment (after `#`).
+pub(crate) fn split_tail(tail: &str) -> (&str, Option<&str>, Option<&str>) {
+    let (head, fragment) = match tail.split_once('#') {
+        Some((head, fragment)) => (head, Some(fragment)),
+        None => (tail, None),
+    };
+    match head.split_once('?') {
+        Some((path, query)) => (path, Some(query), fragment),
+        None => (head, None, fragment),
+    }
+}
+
+/// One host of an authority, with the `userinfo@` written before it, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostEntry<'a> {
+    /// `userinfo@host` as written (or `host`).
+    pub(crate) whole: &'a str,
+    /// Between the entry's start and the `@` before its host.
+    pub(crate) userinfo: Option<&'a str>,
+}
+
+/// The entries of an authority `[userinfo@]host[,[userinfo@]host]...`. A host holds neither
+/// `,` nor `@`; a userinfo may hold both, so where that is ambiguous the userinfo takes the
+/// text: everything before the first `@` is the first entry's userinfo, and after a host the
+/// next entry's userinfo starts at the first comma-separated element that is not a plain
+/// `host[:port]` (a password such as `pw,x` is never split into a host).
+pub(crate) fn host_entries(authority: &str) -> Vec<HostEntry<'_>> {
+    let mut entries = Vec::new();
+    // Where the entry being read starts, and the `@` that ends its userinfo so far.
+    let mut start = 0;
+    let mut at: Option<usize> = None;
+    for (i, _) in authority.match_indices('@') {
+        let Some(userinfo_end) = at else {
+            at = Some(i);
+            continue;
+        };
+        // Between two `@`: a host, hosts without userinfo, then the next userinfo (at least
+        // the last element). Without a comma the `@` is the userinfo's own.
+        let piece = &authority[userinfo_end + 1..i];
+        let Some((host, others)) = piece.split_once(',') else {
+            at = Some(i);
+            continue;
+        };
+        entries.push(HostEntry {
+            whole: &authority[start..userinfo_end + 1 + host.len()],
+            userinfo: Some(&authority[start..userinfo_end]),
+        });
+        let mut next = userinfo_end + 1 + host.len() + 1;
+        let mut elements: Vec<&str> = others.split(',').collect();
+        elements.pop();
+        for element in elements {
+            if !is_plain_host(element) {
+                break;
+            }
+            entries.push(HostEntry {
+                whole: element,
+                userinfo: None,
+            });
+            next += element.len() + 1;
+        }
+        start = next;
+        at = Some(i);
+    }
+    let hosts_start = at.map_or(0, |at| at + 1);
+    let mut hosts = authority[hosts_start..].split(',');
+    let first = hosts.next().unwrap_or_default();
+    entries.push(HostEntry {
+        whole: &authority[start..hosts_start + first.len()],
+        userinfo: at.map(|at| &authority[start..at]),
+    });
+    entries.extend(hosts.map(|whole| HostEntry {
+        whole,
+        userinfo: None,
+    }));
+    entries
+}
+
+/// `name`, `name:port` or `[v6]:port`: a host as written, with digits only for a port.
+fn is_plain_host(text: &str) -> bool {
+    let (host, port) = match text.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') || host.starts_with('[') => (host, Some(port)),
+        _ => (text, None),
+    };
+    !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'))
+        && port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// `url` with every secret replaced by `***`: the password of each `user:password@` (one per
-/// host where a URL lists several) and the value of a `pass=` or `password=` query option. The
-/// rest (scheme, user names, hosts, path, other options) stays, so a message still says which
-/// server it is about. Works on anything a user may pass as a URL, well-formed or not.
+/// host where a URL lists several, found as [`host_entries`] finds them) and the value of a
+/// `pass=` or `password=` query option. The rest (scheme, user names, hosts, path, other
+/// options) stays, so a message still says which server it is about. Works on anything a user
+/// may pass as a URL, well-formed or not; where a password makes it ambiguous, more is hidden.
 pub(crate) fn redact(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (Some(scheme), rest),
         None => (None, url),
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
+    let (authority, tail) = split_authority(rest);
     let mut out = String::with_capacity(url.len());
     if let Some(scheme) = scheme {
         out.push_str(scheme);
         out.push_str("://");
     }
-    out.push_str(&redact_authority(authority));
-    let (before_fragment, fragment) = match tail.split_once('#') {
-        Some((head, fragment)) => (head, Some(fragment)),
-        None => (tail, None),
-    };
-    match before_fragment.split_once('?') {
-        Some((path, query)) => {
-            out.push_str(path);
-            out.push('?');
-            let pairs: Vec<String> = query.split('&').map(redact_pair).collect();
-            out.push_str(&pairs.join("&"));
-        }
-        None => out.push_str(before_fragment),
+    let entries: Vec<String> = host_entries(authority)
+        .into_iter()
+        .map(|entry| match entry.userinfo {
+            Some(userinfo) => {
+                let host = &entry.whole[userinfo.len() + 1..];
+                match userinfo.split_once(':') {
+                    Some((user, _)) => format!("{user}:***@{host}"),
+                    None => format!("{userinfo}@{host}"),
+                }
+            }
+            None => entry.whole.to_owned(),
+        })
+        .collect();
+    out.push_str(&entries.join(","));
+    let (path, query, fragment) = split_tail(tail);
+    out.push_str(path);
+    if let Some(query) = query {
+        out.push('?');
+        let pairs: Vec<String> = query.split('&').map(redact_pair).collect();
+        out.push_str(&pairs.join("&"));
     }
     if let Some(fragment) = fragment {
         out.push('#');
@@ -174,39 +297,6 @@ pub(crate) fn redact_pair(pair: &str) -> String {
     } else {
         pair.to_owned()
     }
-}
-
-/// `h1,user:pw@h2,:pw@h3` with each password replaced. Hosts never contain `,` or `@`; a
-/// password may (unencoded), so whatever is ambiguous is hidden whole.
-fn redact_authority(authority: &str) -> String {
-    let pieces: Vec<&str> = authority.split('@').collect();
-    let Some((last, before)) = pieces.split_last() else {
-        return String::new();
-    };
-    let mut out = String::with_capacity(authority.len());
-    for (i, piece) in before.iter().enumerate() {
-        // Each piece ends where a userinfo meets its host: the hosts before it (after the
-        // previous `@`) end at the first comma. Before the first `@` a comma may belong to
-        // the password, so all of it counts as userinfo.
-        let (hosts, userinfo) = match (i, piece.find(',')) {
-            (0, _) => ("", *piece),
-            (_, Some(comma)) => piece.split_at(comma + 1),
-            // Between two `@` with no host list: part of a password.
-            (_, None) => ("", ""),
-        };
-        out.push_str(hosts);
-        match userinfo.split_once(':') {
-            Some((user, _)) => {
-                out.push_str(user);
-                out.push_str(":***");
-            }
-            None if i == 0 || !hosts.is_empty() => out.push_str(userinfo),
-            None => out.push_str("***"),
-        }
-        out.push('@');
-    }
-    out.push_str(last);
-    out
 }
 
 /// `name=value` (a bare `name` has an empty value).
@@ -268,7 +358,13 @@ mod tests {
                 "redlock://a:1,:s3cret@b:2,u:s3cret@c:3",
                 "redlock://a:***@b:2,u:***@c:3",
             ),
-            ("redis://:s3@cret@h:1", "redis://:***@***@h:1"),
+            ("redis://:s3@cret@h:1", "redis://:***@h:1"),
+            ("redis://:s3cr#et@h:1/0?db=1", "redis://:***@h:1/0?db=1"),
+            ("redis://:s3/cr?et@h:1", "redis://:***@h:1"),
+            (
+                "redis+cluster://app:pw@a:1,b:2,u:o,wn@c:3",
+                "redis+cluster://app:***@a:1,b:2,u:***@c:3",
+            ),
             ("redis://:s3cr,et@h:1", "redis://:***@h:1"),
             ("app:s3cret@h:1", "app:***@h:1"),
             ("", ""),

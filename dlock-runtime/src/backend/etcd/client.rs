@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::backend::Context;
 use crate::backend::io_thread::IoThread;
+use crate::backend::url::redact;
 use crate::error::LockError;
 
 /// The cluster's client, with what every request needs.
@@ -54,7 +55,12 @@ impl Etcd {
             .with_timeout(timeout)
             .with_keep_alive(timeout, timeout)
             .with_keep_alive_while_idle(true);
-        let joined = endpoints.join(",");
+        // Messages show the endpoints with their credentials hidden.
+        let joined = endpoints
+            .iter()
+            .map(|e| redact(e))
+            .collect::<Vec<_>>()
+            .join(",");
         // The client's connection tasks live on a thread of the backend's own (see
         // `io_thread.rs`): a holder blocking its thread must not hold them up.
         let io = IoThread::start("dlock-etcd")?;

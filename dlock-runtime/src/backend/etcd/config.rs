@@ -2,14 +2,25 @@
 //! builder's `.etcd(["http://h1:2379", ..])`. etcd has no engine option: leases, waits and the
 //! call timeout are the runtime's.
 
+use std::fmt;
+
 use super::EtcdBackend;
-use crate::backend::url::EngineUrl;
+use crate::backend::url::{EngineUrl, redact};
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig};
 use crate::error::LockError;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct EtcdConfig {
     endpoints: Vec<String>,
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let endpoints: Vec<String> = self.endpoints.iter().map(|e| redact(e)).collect();
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &endpoints)
+            .finish()
+    }
 }
 
 impl EtcdConfig {
@@ -21,6 +32,7 @@ impl EtcdConfig {
     /// `etcd://h1:p1,h2:p2`.
     pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
         let hosts = url.hosts("etcd://host1:port1,host2:port2,...")?;
+        url.refuse_userinfo("etcd")?;
         let mut config = Self::new(hosts.iter().map(|h| format!("http://{h}")).collect());
         url.apply_options(&mut config, &[])?;
         Ok(Box::new(config))

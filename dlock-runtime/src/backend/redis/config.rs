@@ -12,7 +12,7 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::backend::EngineConfig;
 pub(crate) use crate::backend::url::redact;
-use crate::backend::url::{EngineUrl, redact_pair, split_pair};
+use crate::backend::url::{EngineUrl, redact_pair, split_authority, split_pair, split_tail};
 use crate::error::LockError;
 
 /// The query options of a node URL: the redis client's, and those applied here.
@@ -161,16 +161,34 @@ impl NodeSettings {
     /// build time); `protocol` goes to the redis client; any other option is `InvalidConfig`.
     pub(crate) fn parse(url: &str) -> Result<Self, LockError> {
         let shown = redact(url);
-        let (head, fragment) = match url.split_once('#') {
-            Some((head, fragment)) => (head, Some(fragment)),
-            None => (url, None),
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            LockError::config(format!(
+                "bad redis url `{shown}`: expected redis://host:port"
+            ))
+        })?;
+        // The userinfo is taken out here (a password may hold `#`, `?`, `/` or `@`, which
+        // the client's URL parser would read as the URL's next part) and given to the
+        // client's settings; the options `user` and `pass` override it.
+        let (authority, tail) = split_authority(rest);
+        let (userinfo, host) = match authority.rsplit_once('@') {
+            Some((userinfo, host)) => (Some(userinfo), host),
+            None => (None, authority),
         };
-        let (base, query) = head.split_once('?').unwrap_or((head, ""));
-        let mut client_url = base.to_owned();
+        let (path, query, fragment) = split_tail(tail);
+        let mut client_url = format!("{scheme}://{host}{path}");
         let mut kept = Vec::new();
-        let (mut user, mut pass, mut db) = (None, None, None);
+        let (user, pass) = match userinfo {
+            Some(userinfo) => userinfo.split_once(':').unwrap_or((userinfo, "")),
+            None => ("", ""),
+        };
+        let given = |text: &str| Some(percent_decode(text)).filter(|t| !t.is_empty());
+        let (mut user, mut pass, mut db) = (given(user), given(pass), None);
         let (mut ca, mut cert, mut key) = (None, None, None);
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
+        for pair in query
+            .unwrap_or_default()
+            .split('&')
+            .filter(|p| !p.is_empty())
+        {
             let (name, value) = split_pair(pair);
             let value = || percent_decode(value);
             match name {
@@ -238,7 +256,7 @@ impl NodeSettings {
             },
         };
         if !tls.is_empty() {
-            if !base.starts_with("rediss://") {
+            if scheme != "rediss" {
                 return Err(LockError::config(format!(
                     "`ca`, `cert` and `key` are TLS options: use a rediss:// URL in `{shown}`"
                 )));

@@ -2,10 +2,11 @@
 //! `zookeeper://`), or the builder's `.zookeeper("h1:2181,h2:2181/chroot")` and
 //! `.session_timeout(d)`.
 
+use std::fmt;
 use std::time::Duration;
 
 use super::ZooKeeperBackend;
-use crate::backend::url::EngineUrl;
+use crate::backend::url::{EngineUrl, redact};
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig, Setting};
 use crate::error::LockError;
 
@@ -15,11 +16,20 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 const OPTIONS: [&str; 1] = ["session_timeout"];
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct ZooKeeperConfig {
     /// `host:port,host:port[/chroot]`.
     connect: String,
     session_timeout: Duration,
+}
+
+impl fmt::Debug for ZooKeeperConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperConfig")
+            .field("connect", &redact(&self.connect))
+            .field("session_timeout", &self.session_timeout)
+            .finish()
+    }
 }
 
 impl ZooKeeperConfig {
@@ -32,6 +42,7 @@ impl ZooKeeperConfig {
 
     /// `zk://h1:p1,h2:p2[/chroot]?session_timeout=..`.
     pub(crate) fn from_url(url: &EngineUrl<'_>) -> Result<Box<dyn EngineConfig>, LockError> {
+        url.refuse_userinfo("ZooKeeper")?;
         let hosts = url.base.split('/').next().unwrap_or_default();
         if hosts.split(',').any(|h| h.trim().is_empty()) {
             return Err(LockError::config(format!(
