@@ -30,17 +30,7 @@ impl ReadBuf {
 
     /// Reads what the socket has (one `read`); an end of stream is an error.
     pub(super) fn fill(&mut self, stream: &TcpStream) -> io::Result<()> {
-        if self.end == self.buf.len() {
-            if self.start > 0 {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            } else {
-                // A reply larger than the buffer.
-                self.buf.resize(self.buf.len() * 2, 0);
-            }
-        }
-        match stream.try_read(&mut self.buf[self.end..])? {
+        match stream.try_read(self.spare())? {
             0 => Err(io::Error::new(
                 io::ErrorKind::ConnectionReset,
                 "the server closed the connection",
@@ -50,6 +40,21 @@ impl ReadBuf {
                 Ok(())
             }
         }
+    }
+
+    /// The free space after the unparsed bytes, never empty: made by moving them to the
+    /// front, or by growing the buffer when they fill it (a reply larger than the buffer).
+    fn spare(&mut self) -> &mut [u8] {
+        if self.end == self.buf.len() {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else {
+                self.buf.resize((self.buf.len() * 2).max(1), 0);
+            }
+        }
+        &mut self.buf[self.end..]
     }
 
     /// The next complete reply, if the buffer holds one.
@@ -135,6 +140,9 @@ pub(super) fn protocol_error(what: &'static str) -> RedisError {
 fn malformed(e: frame::Malformed) -> RedisError {
     RedisError::from((redis::ErrorKind::Parse, "malformed reply", e.to_string()))
 }
+
+#[cfg(test)]
+mod streams;
 
 #[cfg(test)]
 mod tests {
