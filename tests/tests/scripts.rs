@@ -633,7 +633,7 @@ async fn fair_attempt(conn: &mut redis::aio::MultiplexedConnection, key: &str, o
 /// last reader leaves while a writer's mark is ahead (that writer gave up meanwhile), a fair
 /// writer second in line waits for the first; when the first leaves the line, the others are
 /// told to look again, and the next one takes the key at once (not when the turn lapses),
-/// keeping the flag of the reader that still waits.
+/// flagged by the reader that still waits when it looks again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_writer_takes_the_writers_turn_in_line() {
     use futures_util::StreamExt;
@@ -656,7 +656,9 @@ async fn a_fair_writer_takes_the_writers_turn_in_line() {
     let turn: String = server
         .query(redis::cmd("GET").arg(lock_key("fair-rw")))
         .await;
-    assert_eq!(turn, "^+", "the writers' turn, flagged for R2");
+    // Unflagged: the message below answers the mark's flag; R2, told by it, flags whatever
+    // holds the key when it looks again.
+    assert_eq!(turn, "^", "the writers' turn");
     let released = tokio::time::timeout(Duration::from_secs(2), messages.next())
         .await
         .expect("the last reader's release publishes")
@@ -694,15 +696,15 @@ async fn a_fair_writer_takes_the_writers_turn_in_line() {
     let value: String = server
         .query(redis::cmd("GET").arg(lock_key("fair-rw")))
         .await;
-    assert_eq!(
-        value,
-        format!("{F2}+"),
-        "F2 holds, flagged for the waiting R2"
-    );
+    assert_eq!(value, F2, "F2 holds");
     assert!(
         read_attempt(&mut conn, "fair-rw", R2, true).await < 0,
         "R2 still waits"
     );
+    let value: String = server
+        .query(redis::cmd("GET").arg(lock_key("fair-rw")))
+        .await;
+    assert_eq!(value, format!("{F2}+"), "flagged for the waiting R2");
 }
 
 /// Leaves `key` reserved after A's flagged release, and flagged by a waiter for whom the
@@ -837,9 +839,10 @@ async fn a_multi_key_writer_takes_a_turn_reserved_for_its_runtime_only() {
 }
 
 /// A multi-key writer takes what a single-key writer takes, keeping the flags as acquire.lua
-/// does: the writers' turn (`^+`, the last reader left while a writer waited; flagged for the
-/// reader that waits) and a flagged reservation for its runtime (`~<a>+`) are free for it, and
-/// their waiters are still told of its release; a free key is taken unflagged.
+/// does: the writers' turn (`^`, the last reader left while a writer waited; flagged again by
+/// the reader that waits when it looks again) and a flagged reservation for its runtime
+/// (`~<a>+`) are free for it, and their waiters are still told of its release; a free key is
+/// taken unflagged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_key_writer_takes_the_writers_turn_and_reservations_with_their_flags() {
     let server = RedisServer::start();
@@ -852,7 +855,9 @@ async fn a_multi_key_writer_takes_the_writers_turn_and_reservations_with_their_f
     let turn: String = server
         .query(redis::cmd("GET").arg(lock_key("all-turn")))
         .await;
-    assert_eq!(turn, "^+", "the writers' turn, flagged for R2");
+    // Unflagged: the message below answers the mark's flag; R2, told by it, flags whatever
+    // holds the key when it looks again.
+    assert_eq!(turn, "^", "the writers' turn");
     a_flagged_reservation(&server, &mut conn, "all-res", true).await;
     // M: a multi-key writer of runtime d (not A's, for which the reservation is not).
     const M: &str = "dddddddddddddddd7777777777777777";
@@ -865,7 +870,7 @@ async fn a_multi_key_writer_takes_the_writers_turn_and_reservations_with_their_f
     );
     for (key, expected) in keys
         .iter()
-        .zip([format!("{M}+"), format!("{M}+"), M.to_owned()])
+        .zip([M.to_owned(), format!("{M}+"), M.to_owned()])
     {
         let value: String = server.query(redis::cmd("GET").arg(lock_key(key))).await;
         assert_eq!(value, expected, "{key}");
@@ -874,4 +879,8 @@ async fn a_multi_key_writer_takes_the_writers_turn_and_reservations_with_their_f
         read_attempt(&mut conn, "all-turn", R2, true).await < 0,
         "R2 still waits"
     );
+    let value: String = server
+        .query(redis::cmd("GET").arg(lock_key("all-turn")))
+        .await;
+    assert_eq!(value, format!("{M}+"), "flagged by the waiting R2");
 }

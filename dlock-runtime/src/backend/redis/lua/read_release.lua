@@ -35,8 +35,12 @@ if is_mark then
   local writer_until = tonumber(body) or 0
   if writer_until > now then
     -- A writer waits: the key becomes the writers' turn (`^`, see acquire.lua) until its
-    -- waiting time ends; readers keep waiting behind it, whatever runtime they are of.
-    redis.call('SET', KEYS[1], flagged and '^+' or '^', 'PX', writer_until - now)
+    -- waiting time ends; readers keep waiting behind it, whatever runtime they are of. The
+    -- mark's flag is the waiting writers' (acquire.lua sets it), answered by this message:
+    -- the turn starts unflagged, else the writer that takes it would keep a flag set by its
+    -- own wait, and its release would reserve the key for waiters that do not exist. Whoever
+    -- waits from now on flags the turn, or the writer's lock, itself.
+    redis.call('SET', KEYS[1], '^', 'PX', writer_until - now)
     if flagged then redis.call(ARGV[4], ARGV[2], ARGV[3]) end
   elseif flagged then
     redis.call('SET', KEYS[1], '~' .. ARGV[3], 'PX', ARGV[5])
