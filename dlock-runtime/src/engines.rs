@@ -4,6 +4,8 @@
 
 use crate::backend::EngineConfig;
 use crate::backend::url::EngineUrl;
+#[cfg(not(all(feature = "etcd", feature = "zookeeper")))]
+use crate::backend::url::redact;
 use crate::error::LockError;
 
 /// How a parsed URL configures an engine.
@@ -147,17 +149,28 @@ pub(crate) fn redlock(nodes: Vec<String>) -> Result<Box<dyn EngineConfig>, LockE
 /// etcd, one `http://` endpoint per member.
 #[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
 pub(crate) fn etcd(endpoints: Vec<String>) -> Result<Box<dyn EngineConfig>, LockError> {
-    with_feature!("etcd", format!("etcd ({})", endpoints.join(",")), {
-        Ok(Box::new(crate::backend::etcd::config::EtcdConfig::new(
-            endpoints,
-        )))
-    })
+    with_feature!(
+        "etcd",
+        format!(
+            "etcd ({})",
+            endpoints
+                .iter()
+                .map(|e| redact(e))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        {
+            Ok(Box::new(crate::backend::etcd::config::EtcdConfig::new(
+                endpoints,
+            )))
+        }
+    )
 }
 
 /// ZooKeeper, `host:port,host:port[/chroot]`.
 #[cfg_attr(not(feature = "zookeeper"), allow(unused_variables))]
 pub(crate) fn zookeeper(connect: String) -> Result<Box<dyn EngineConfig>, LockError> {
-    with_feature!("zookeeper", format!("zk://{connect}"), {
+    with_feature!("zookeeper", format!("zk://{}", redact(&connect)), {
         Ok(Box::new(
             crate::backend::zookeeper::config::ZooKeeperConfig::new(connect),
         ))

@@ -100,9 +100,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script};
 
-use crate::LockError;
 use crate::backend::redis::config::{CLIENT_OPTIONS, NodeSettings, check_tls, node_urls};
 use crate::backend::url::{EngineUrl, redact, split_pair};
+use crate::error::LockError;
 
 /// The default prefix of the store's keys.
 pub const DEFAULT_STORE_PREFIX: &str = "fenced:";

@@ -7,7 +7,7 @@
 use std::fmt;
 
 use super::{EngineConfig, Setting};
-use crate::LockError;
+use crate::error::LockError;
 
 /// The options every lock URL takes: the runtime's, whatever the engine.
 pub(crate) const RUNTIME_OPTIONS: [&str; 4] = ["prefix", "lease", "wait", "timeout"];
@@ -194,7 +194,11 @@ pub(crate) fn host_entries(authority: &str) -> Vec<HostEntry<'_>> {
         // Between two `@`: a host, hosts without userinfo, then the next userinfo (at least
         // the last element). Without a comma the `@` is the userinfo's own.
         let piece = &authority[userinfo_end + 1..i];
-        let Some((host, others)) = piece.split_once(',') else {
+        // A comma after something that is no host name is the password's own.
+        let Some((host, others)) = piece
+            .split_once(',')
+            .filter(|(host, _)| is_plain_host(host))
+        else {
             at = Some(i);
             continue;
         };
