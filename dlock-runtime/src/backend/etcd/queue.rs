@@ -240,21 +240,10 @@ impl Queue {
                 Err(err) => return Err(err),
             }
         };
-        // How long the key lives for sure: from the shared lease's last confirmed keep-alive,
-        // or from the grant of a lease of its own.
-        let confirmed = |shared: &Option<Arc<SharedLease>>| match shared {
-            Some(shared) => Some(shared.confirmed()),
-            None => granted_at,
-        };
         if first {
             // First in line at once: the lease was just confirmed or granted, the key just
             // written, nothing to confirm.
-            return Ok(Queued {
-                attempt: Attempt::Acquired {
-                    fence: u64::try_from(my_revision).ok(),
-                },
-                confirmed: confirmed(&shared),
-            });
+            return Ok(acquired(my_revision, confirmed_at(&shared, granted_at)));
         }
         // Started when the contender first has to wait, for a lease of its own (the shared
         // lease has its keeper).
@@ -288,12 +277,7 @@ impl Queue {
                     None => granted_at.is_some_and(|at| now < at + own_ttl / 2),
                 };
                 if !waited && alive {
-                    return Ok(Queued {
-                        attempt: Attempt::Acquired {
-                            fence: u64::try_from(my_revision).ok(),
-                        },
-                        confirmed: confirmed(&shared),
-                    });
+                    return Ok(acquired(my_revision, confirmed_at(&shared, granted_at)));
                 }
                 return self
                     .confirm_first(key, &contender_key, lease_id, &shared, my_revision)
@@ -432,12 +416,7 @@ impl Queue {
                 None,
             ));
         }
-        Ok(Queued {
-            attempt: Attempt::Acquired {
-                fence: u64::try_from(revision).ok(),
-            },
-            confirmed: Some(sent_at),
-        })
+        Ok(acquired(revision, Some(sent_at)))
     }
 
     /// Revokes `lease`, sending again what was refused at connect (see [`Etcd::bounded`]).
@@ -487,6 +466,28 @@ impl Queue {
     }
 }
 
+/// From when the key lives for sure: the shared lease's last confirmed keep-alive, or the
+/// grant of a lease of its own (`granted_at`).
+pub(super) fn confirmed_at(
+    shared: &Option<Arc<SharedLease>>,
+    granted_at: Option<Instant>,
+) -> Option<Instant> {
+    match shared {
+        Some(shared) => Some(shared.confirmed()),
+        None => granted_at,
+    }
+}
+
+/// Acquired with the key created at `revision` (its fence), counted from `confirmed`.
+pub(super) fn acquired(revision: i64, confirmed: Option<Instant>) -> Queued {
+    Queued {
+        attempt: Attempt::Acquired {
+            fence: u64::try_from(revision).ok(),
+        },
+        confirmed,
+    }
+}
+
 /// First in line under a shared lease its keeper confirmed lately (fresh at `at`): the key
 /// lives for sure, and the lock counts from that confirmation. `None` without a shared lease or
 /// when its last confirmation is not recent enough (the caller then renews it).
@@ -496,10 +497,5 @@ fn acquired_under_fresh(
     revision: i64,
 ) -> Option<Queued> {
     let shared = shared.as_ref().filter(|l| l.is_fresh(at))?;
-    Some(Queued {
-        attempt: Attempt::Acquired {
-            fence: u64::try_from(revision).ok(),
-        },
-        confirmed: Some(shared.confirmed()),
-    })
+    Some(acquired(revision, Some(shared.confirmed())))
 }

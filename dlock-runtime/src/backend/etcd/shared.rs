@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::client::ttl_seconds;
 use super::lease;
-use super::queue::Queue;
+use super::queue::{Queue, acquired, confirmed_at};
 use crate::backend::io_thread::AbortOnDrop;
 use crate::backend::mode::{Mode, Position, shared_holds};
 use crate::backend::{Attempt, Queued, Queueing};
@@ -44,7 +44,6 @@ pub(super) async fn queue(
             None,
         ));
     }
-    let fence = u64::try_from(my_revision).ok();
     let mut keeper: Option<AbortOnDrop<()>> = None;
     let mut waited = false;
     loop {
@@ -82,14 +81,7 @@ pub(super) async fn queue(
         };
         if holds {
             if !waited {
-                let confirmed = match &shared {
-                    Some(shared) => Some(shared.confirmed()),
-                    None => granted_at,
-                };
-                return Ok(Queued {
-                    attempt: Attempt::Acquired { fence },
-                    confirmed,
-                });
+                return Ok(acquired(my_revision, confirmed_at(&shared, granted_at)));
             }
             return queue
                 .confirm_first(key, contender, lease_id, &shared, my_revision)
