@@ -93,24 +93,19 @@ pub(crate) async fn script_pairs_parallel(
 ) -> Result<f64, BoxError> {
     let conn = raw_conn(url).await?;
     let release = Arc::new(redis::Script::new(scripts::RELEASE));
-    let t = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for k in 0..tasks {
+    crate::workloads::pairs_per_second(tasks, per_task, |k| {
         let mut conn = conn.clone();
         let release = release.clone();
-        set.spawn(async move {
+        async move {
             let owner = format!("{k:032x}");
             let key = format!("raw:{{par:{k}}}");
             for i in 0..per_task {
                 raw_pair(&mut conn, &release, &key, &owner, i == 0).await?;
             }
             Ok::<(), BoxError>(())
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        r??;
-    }
-    Ok((tasks * per_task) as f64 / t.elapsed().as_secs_f64())
+        }
+    })
+    .await
 }
 
 /// `n` sequential acquire + release pairs of the runtime's own requests issued raw

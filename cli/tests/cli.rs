@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use dlock_runtime::Runtime;
+use dlock_runtime::{LockGuard, Runtime};
 use dlock_testkit::RedisServer;
 use dlock_testkit::zookeeper::ZooKeeperServer;
 use serde_json::Value;
@@ -46,6 +46,15 @@ fn assert_exit(out: &Output, code: i32, what: &str) {
     );
 }
 
+/// `key` taken by `rt` with the tests' lease.
+async fn hold(rt: &Runtime, key: &str) -> LockGuard {
+    rt.lock(key)
+        .lease(LEASE)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("acquire {key}: {e}"))
+}
+
 fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("stdout is one JSON document ({e}): {}", stdout(out)))
@@ -53,18 +62,8 @@ fn json(out: &Output) -> Value {
 
 /// The list / show / unlock commands against `url`, where `holder` holds nothing yet.
 async fn commands_on(url: &str, holder: &Runtime, fences: bool) {
-    let a = holder
-        .lock("cli:a")
-        .lease(LEASE)
-        .acquire()
-        .await
-        .expect("a");
-    let _b = holder
-        .lock("cli:b")
-        .lease(LEASE)
-        .acquire()
-        .await
-        .expect("b");
+    let a = hold(holder, "cli:a").await;
+    let _b = hold(holder, "cli:b").await;
 
     let out = dlock(&["--url", url, "list", "cli:"], None);
     assert_exit(&out, 0, "list with locks");
@@ -159,7 +158,7 @@ async fn list_show_and_unlock_on_redis() {
     let other = Runtime::from_url(&format!("{url}?prefix=other:"))
         .await
         .expect("runtime");
-    let _held = other.lock("cli:x").lease(LEASE).acquire().await.expect("x");
+    let _held = hold(&other, "cli:x").await;
     let out = dlock(
         &["--url", &url, "--prefix", "other:", "--json", "list"],
         None,
@@ -215,12 +214,7 @@ async fn watch_prints_each_change_on_zookeeper() {
         (first["key"].as_str(), first["held"].as_bool()),
         (Some(key), Some(false))
     );
-    let guard = holder
-        .lock(key)
-        .lease(LEASE)
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = hold(&holder, key).await;
     let held = next(&mut lines).await;
     assert_eq!(held["held"], true, "{held}");
     assert_eq!(held["lock"]["fence"].as_u64(), guard.fence());

@@ -109,31 +109,26 @@ fn rejects_items_that_are_not_functions() {
     );
 }
 
+/// The messages `guard` reports for `args` on a function that is not `async`.
+fn sync_buy_errors(args: proc_macro2::TokenStream) -> Vec<String> {
+    let error = guard(
+        args,
+        quote!(
+            fn buy(id: u64) -> Result<(), E> {
+                Ok(())
+            }
+        ),
+    )
+    .err()
+    .unwrap();
+    error.into_iter().map(|e| e.to_string()).collect()
+}
+
 #[test]
 fn reports_argument_key_and_signature_errors_together() {
-    let error = guard(
-        quote!(key = "{idd}", lease = "0s"),
-        quote!(
-            fn buy(id: u64) -> Result<(), E> {
-                Ok(())
-            }
-        ),
-    )
-    .err()
-    .unwrap();
-    let messages: Vec<String> = error.into_iter().map(|e| e.to_string()).collect();
+    let messages = sync_buy_errors(quote!(key = "{idd}", lease = "0s"));
     assert_eq!(messages.len(), 2, "{messages:?}");
-    let error = guard(
-        quote!(key = "{idd}"),
-        quote!(
-            fn buy(id: u64) -> Result<(), E> {
-                Ok(())
-            }
-        ),
-    )
-    .err()
-    .unwrap();
-    let messages: Vec<String> = error.into_iter().map(|e| e.to_string()).collect();
+    let messages = sync_buy_errors(quote!(key = "{idd}"));
     assert_eq!(
         messages,
         [

@@ -107,11 +107,18 @@ use crate::error::LockError;
 /// The default prefix of the store's keys.
 pub const DEFAULT_STORE_PREFIX: &str = "fenced:";
 
-/// `write.lua`: stores a value unless a higher fence was seen.
-const WRITE_LUA: &str = include_str!("fenced/write.lua");
+/// `write.lua`: stores a value unless a higher fence was seen. Both scripts start with
+/// `stale.lua`, the one copy of the fence comparison.
+const WRITE_LUA: &str = concat!(
+    include_str!("fenced/stale.lua"),
+    include_str!("fenced/write.lua")
+);
 
 /// `claim.lua`: raises the highest fence seen.
-const CLAIM_LUA: &str = include_str!("fenced/claim.lua");
+const CLAIM_LUA: &str = concat!(
+    include_str!("fenced/stale.lua"),
+    include_str!("fenced/claim.lua")
+);
 
 /// The options a store URL takes besides the redis client's.
 const STORE_OPTIONS: [&str; 2] = ["prefix", "timeout"];
@@ -206,17 +213,14 @@ impl FencedRedis {
     /// # Ok(()) }
     /// ```
     pub async fn write(&self, resource: &str, value: &str, fence: u64) -> Result<bool, LockError> {
-        let mut invocation = self.write.key(self.key(resource));
-        invocation.arg(value).arg(fence.to_string());
-        let mut conn = self.conn.clone();
-        let written: i64 = self
-            .call(
-                resource,
-                "fenced write failed",
-                invocation.invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(written == 1)
+        let fence = fence.to_string();
+        self.accepted(
+            &self.write,
+            resource,
+            &[value, &fence],
+            "fenced write failed",
+        )
+        .await
     }
 
     /// Raises the highest fence seen for `resource` to `fence`, so that every write with a
@@ -233,17 +237,9 @@ impl FencedRedis {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self, resource: &str, fence: u64) -> Result<bool, LockError> {
-        let mut invocation = self.claim.key(self.key(resource));
-        invocation.arg(fence.to_string());
-        let mut conn = self.conn.clone();
-        let claimed: i64 = self
-            .call(
-                resource,
-                "fenced claim failed",
-                invocation.invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(claimed == 1)
+        let fence = fence.to_string();
+        self.accepted(&self.claim, resource, &[&fence], "fenced claim failed")
+            .await
     }
 
     /// The value of `resource` and the fence it was written with; `None` if it was never
@@ -283,6 +279,26 @@ impl FencedRedis {
 
     fn key(&self, resource: &str) -> String {
         format!("{}{resource}", self.prefix)
+    }
+
+    /// Runs `script` on `resource`'s hash with `args`: whether it answered 1 (accepted, where
+    /// 0 is rejected). Failures are `Backend` naming the resource, with `what` as the message.
+    async fn accepted(
+        &self,
+        script: &Script,
+        resource: &str,
+        args: &[&str],
+        what: &str,
+    ) -> Result<bool, LockError> {
+        let mut invocation = script.key(self.key(resource));
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let mut conn = self.conn.clone();
+        let answer: i64 = self
+            .call(resource, what, invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(answer == 1)
     }
 
     /// Awaits one call within the timeout; failures are `Backend` naming the resource.

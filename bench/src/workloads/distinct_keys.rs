@@ -1,7 +1,7 @@
 //! Distinct keys: many tasks each on a key of its own (throughput), and many locks held at
 //! once (renewal traffic and memory per lock).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dlock_runtime::{LockError, Runtime};
 
@@ -14,23 +14,18 @@ use crate::{BoxError, Setup};
 /// `tasks` tasks, each on its own key, `per_task` acquire + release pairs each: pairs per
 /// second.
 async fn lock_pairs_parallel(rt: &Runtime, tasks: usize, per_task: usize) -> Result<f64, BoxError> {
-    let t = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for k in 0..tasks {
+    super::pairs_per_second(tasks, per_task, |k| {
         let rt = rt.clone();
-        set.spawn(async move {
+        async move {
             let key = format!("bench:par:{k}");
             for _ in 0..per_task {
                 let guard = rt.lock(key.as_str()).acquire().await?;
                 guard.release().await?;
             }
             Ok::<_, BoxError>(())
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        r??;
-    }
-    Ok((tasks * per_task) as f64 / t.elapsed().as_secs_f64())
+        }
+    })
+    .await
 }
 
 /// Section `par`: 64 tasks on distinct keys against the runtime's two scripts issued raw, in

@@ -11,6 +11,8 @@ pub(crate) mod peer;
 pub(crate) mod primitives;
 pub(crate) mod sequential;
 
+use std::time::Instant;
+
 use dlock_runtime::Runtime;
 
 use crate::report::Row;
@@ -24,6 +26,27 @@ fn alternate(round: usize) -> [usize; 2] {
     } else {
         [1, 0]
     }
+}
+
+/// Runs `task(k)` for every `k` in `0..tasks` at once, each task making `per_task` acquire +
+/// release pairs: pairs per second, from before the first task starts to the end of the last.
+pub(crate) async fn pairs_per_second<F>(
+    tasks: usize,
+    per_task: usize,
+    mut task: impl FnMut(usize) -> F,
+) -> Result<f64, BoxError>
+where
+    F: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    let t = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for k in 0..tasks {
+        set.spawn(task(k));
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok((tasks * per_task) as f64 / t.elapsed().as_secs_f64())
 }
 
 /// A runtime of its own on the standalone server, its keys under `prefix`, so that a workload

@@ -226,7 +226,7 @@ fn bindings_inside_patterns() {
 fn resolve_errors(key: &str, sig: &str) -> Vec<String> {
     let key = LitStr::new(key, Span::call_site());
     match resolve(&key, &bindings(sig)) {
-        Ok(_) => panic!("{key:?} resolved"),
+        Ok(_) => panic!("{:?} resolved", key.value()),
         Err(error) => error.into_iter().map(|e| e.to_string()).collect(),
     }
 }

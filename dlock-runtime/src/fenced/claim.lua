@@ -7,12 +7,8 @@
 -- Returns 1 claimed (the fence is at least every fence seen; an equal fence is accepted),
 -- 0 rejected (a higher fence was seen: a newer holder exists; the hash is left as it was).
 --
--- Fences are compared as decimal strings, as in write.lua.
-local function below(a, b)
-  return #a < #b or (#a == #b and a < b)
-end
-local seen = redis.call('HGET', KEYS[1], 'seen')
-if seen and below(ARGV[1], seen) then
+-- The fence comparison is `stale` (stale.lua).
+if stale(ARGV[1]) then
   return 0
 end
 redis.call('HSET', KEYS[1], 'seen', ARGV[1])

@@ -9,13 +9,8 @@
 -- holder may write many times), 0 rejected (a higher fence was seen: a newer holder exists; the
 -- hash is left as it was).
 --
--- Fences are compared as decimal strings, by length and then digit by digit: Lua numbers are
--- doubles, exact only up to 2^53, and a u64 fence may be larger.
-local function below(a, b)
-  return #a < #b or (#a == #b and a < b)
-end
-local seen = redis.call('HGET', KEYS[1], 'seen')
-if seen and below(ARGV[2], seen) then
+-- The fence comparison is `stale` (stale.lua).
+if stale(ARGV[2]) then
   return 0
 end
 redis.call('HSET', KEYS[1], 'value', ARGV[1], 'fence', ARGV[2], 'seen', ARGV[2])

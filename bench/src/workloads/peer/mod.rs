@@ -173,22 +173,18 @@ async fn distinct_keys_row(
         for i in alternate(round) {
             let contender = &both[i];
             let (client0, server0) = (cpu::used(None)?, cpu::used(Some(server_pid))?);
-            let t = Instant::now();
-            let mut set = tokio::task::JoinSet::new();
-            for k in 0..tasks {
+            let rate = super::pairs_per_second(tasks, per_round, |k| {
                 let contender = contender.clone();
-                set.spawn(async move {
+                async move {
                     let key = format!("par:{k}");
                     for _ in 0..per_round {
                         contender.pair(&key).await?;
                     }
                     Ok::<_, BoxError>(())
-                });
-            }
-            while let Some(r) = set.join_next().await {
-                r??;
-            }
-            rates[i].push((tasks * per_round) as f64 / t.elapsed().as_secs_f64());
+                }
+            })
+            .await?;
+            rates[i].push(rate);
             client_cpu[i] += cpu::used(None)?.saturating_sub(client0);
             server_cpu[i] += cpu::used(Some(server_pid))?.saturating_sub(server0);
         }

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
 use tokio::time::Instant;
 
 use crate::backend::Context;
@@ -119,6 +121,15 @@ impl Etcd {
             async move { c.get(self.queue_prefix(key), Some(options)).await }
         })
         .await
+    }
+
+    /// Every entry of `key`'s queue, in line (see [`in_line`]).
+    pub(super) async fn read_in_line(
+        &self,
+        key: &str,
+        what: &str,
+    ) -> Result<etcd_client::GetResponse, LockError> {
+        self.read_queue(key, what, in_line()).await
     }
 
     pub(super) fn queue_prefix(&self, key: &str) -> String {
@@ -260,6 +271,13 @@ impl Etcd {
             }
         }
     }
+}
+
+/// The options that read a queue's prefix in line: oldest (first created, the head) first.
+pub(super) fn in_line() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
 }
 
 #[cfg(test)]

@@ -17,9 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Instant;
 
 use self::client::{Etcd, ttl_seconds};
@@ -255,13 +253,7 @@ impl Backend for EtcdBackend {
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         // Only the holders are removed (the first contender, or every reader or permit holding
         // now: see `mode::holding_now`); waiters keep their places.
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let queue = self
-            .etcd
-            .read_queue(key, "force unlock failed", options)
-            .await?;
+        let queue = self.etcd.read_in_line(key, "force unlock failed").await?;
         let modes: Vec<Mode> = queue
             .kvs()
             .iter()

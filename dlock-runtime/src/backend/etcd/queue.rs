@@ -12,7 +12,7 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use super::client::{CONNECT_RETRIES, Etcd, is_connect_error, ttl_seconds};
+use super::client::{CONNECT_RETRIES, Etcd, in_line, is_connect_error, ttl_seconds};
 use super::lease::{self, SharedLease, SharedLeases};
 use crate::backend::io_thread::AbortOnDrop;
 use crate::backend::successor::Successors;
@@ -118,10 +118,7 @@ impl Queue {
         owner: &str,
         lease: i64,
     ) -> Result<(i64, bool), etcd_client::Error> {
-        let head = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
+        let head = in_line().with_limit(1);
         let prefix = self.etcd.queue_prefix(key);
         let tombstone = self.etcd.tombstone_key(owner);
         let txn = Txn::new()

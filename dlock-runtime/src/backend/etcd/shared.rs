@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
+use etcd_client::{EventType, WatchOptions};
 use tokio::time::Instant;
 
 use super::client::ttl_seconds;
@@ -47,13 +47,7 @@ pub(super) async fn queue(
     let mut keeper: Option<AbortOnDrop<()>> = None;
     let mut waited = false;
     loop {
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let entries = queue
-            .etcd
-            .read_queue(key, "queue lookup failed", options)
-            .await?;
+        let entries = queue.etcd.read_in_line(key, "queue lookup failed").await?;
         let positions = entries.kvs().iter().map(|kv| {
             let other = Mode::of(kv.value_str().unwrap_or_default());
             let position = if kv.key() == contender.as_bytes() {

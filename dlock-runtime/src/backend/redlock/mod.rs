@@ -266,11 +266,8 @@ impl Backend for RedlockBackend {
     async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let answers = self
             .nodes
-            .on_all(Some(key), |_, node| node.force_unlock(key))
-            .await;
-        if answers.iter().all(Result::is_err) {
-            return Err(self.nodes.no_quorum_of(key, &answers));
-        }
+            .on_any(key, |_, node| node.force_unlock(key))
+            .await?;
         Ok(answers.iter().any(|a| matches!(a, Ok(true))))
     }
 
@@ -325,13 +322,7 @@ impl Backend for RedlockBackend {
 
     async fn watch(&self, key: &str) -> Result<(), LockError> {
         // A notification from any node is a hint; waits stay bounded by the holder's TTL.
-        let answers = self
-            .nodes
-            .on_all(Some(key), |_, node| node.watch(key))
-            .await;
-        if answers.iter().all(Result::is_err) {
-            return Err(self.nodes.no_quorum_of(key, &answers));
-        }
+        self.nodes.on_any(key, |_, node| node.watch(key)).await?;
         Ok(())
     }
 

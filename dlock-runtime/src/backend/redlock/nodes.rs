@@ -225,6 +225,23 @@ impl Nodes {
         )
     }
 
+    /// [`on_all`](Self::on_all) for `key`: the answers, or [`no_quorum_of`](Self::no_quorum_of)
+    /// when no node answered.
+    pub(super) async fn on_any<'a, T, F>(
+        &'a self,
+        key: &'a str,
+        op: impl Fn(usize, &'a RedisBackend) -> F,
+    ) -> Result<Vec<Result<T, LockError>>, LockError>
+    where
+        F: Future<Output = Result<T, LockError>>,
+    {
+        let answers = self.on_all(Some(key), op).await;
+        if answers.iter().all(Result::is_err) {
+            return Err(self.no_quorum_of(key, &answers));
+        }
+        Ok(answers)
+    }
+
     /// [`no_quorum`](Self::no_quorum) from a full set of answers.
     pub(super) fn no_quorum_of<T>(&self, key: &str, answers: &[Result<T, LockError>]) -> LockError {
         let first_error = answers.iter().find_map(|a| a.as_ref().err());
