@@ -99,6 +99,20 @@ async fn acquire_is_idempotent_per_owner() {
     );
 }
 
+/// A retried acquisition whose earlier request landed late (the runtime gave up on it, then
+/// asked again with the same owner) holds the key for the whole lease of the retry: the
+/// runtime counts its validity from the retry, so the key must not expire sooner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_acquire_holds_for_its_own_lease() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // The earlier request, with a short lease, landed first.
+    assert!(acquire(&mut conn, "late", A, 1_000).await > 0);
+    assert!(acquire(&mut conn, "late", A, 30_000).await > 0);
+    let ttl = server.pttl(&lock_key("late")).await;
+    assert!(ttl > 25_000, "the retry's 30 s lease, got {ttl} ms");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_owner_is_busy_with_remaining_ttl_and_cannot_release_or_renew() {
     let server = RedisServer::start();

@@ -72,6 +72,11 @@ elseif held ~= false and string.sub(held, 1, 1) == '~' then
   end
 end
 if held == false or held == ARGV[1] or held == ARGV[1] .. '+' then
+  if held ~= false then
+    -- A retry of this owner's acquisition (its earlier request landed late, after the runtime
+    -- gave up on it): the lease counts from this request, as the runtime counts it.
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   return reserve_block(KEYS[2], ARGV[5], ARGV[4], ARGV[3])
 end
 -- Readers hold: mark a writer waiting (new readers queue behind it until then), flagged so
