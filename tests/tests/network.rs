@@ -1,6 +1,8 @@
 //! Network faults between a runtime and its engine: every connection the runtime makes goes
 //! through a [`FaultProxy`] of the test kit (one per server), which black-holes the link
-//! (accepts and reads, answers nothing, no RST), resets it mid-request, or half-closes it.
+//! (accepts and reads, answers nothing, no RST), resets it mid-request, or half-closes it. A
+//! Redis Cluster's nodes announce their proxies' ports (`cluster-announce-port`), since its
+//! clients learn every node's address from the cluster itself.
 //!
 //! What a runtime owes its callers there:
 //! - while its engine is black-holed, each call fails within the runtime's request timeout
@@ -20,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, LockGuard, RuntimeBuilder};
 use dlock_testkit::FaultProxy;
+use dlock_tests::cluster::RedisCluster;
 use dlock_tests::etcd::EtcdServer;
 use dlock_tests::zookeeper::ZooKeeperServer;
 use dlock_tests::{BuildExt, RedisServer, Runtime};
@@ -44,6 +47,7 @@ struct Linked {
 #[allow(dead_code)] // Only held, to keep the servers running.
 enum Servers {
     Redis(RedisServer),
+    Cluster(RedisCluster),
     Redlock(Vec<RedisServer>),
     Etcd(EtcdServer),
     ZooKeeper(ZooKeeperServer),
@@ -65,6 +69,16 @@ impl Linked {
         engine: impl FnOnce(RuntimeBuilder, Vec<String>) -> RuntimeBuilder,
     ) -> Linked {
         let proxies: Vec<FaultProxy> = ports.iter().map(|&p| FaultProxy::to_port(p)).collect();
+        Linked::over(servers, proxies, engine).await
+    }
+
+    /// A runtime with [`TIMEOUT`] built by `engine` from the hosts of `proxies`, all of them
+    /// faulted.
+    async fn over(
+        servers: Servers,
+        proxies: Vec<FaultProxy>,
+        engine: impl FnOnce(RuntimeBuilder, Vec<String>) -> RuntimeBuilder,
+    ) -> Linked {
         let hosts = proxies.iter().map(FaultProxy::host).collect();
         let rt = engine(Runtime::builder(), hosts)
             .timeout(TIMEOUT)
@@ -116,6 +130,28 @@ impl Linked {
         let port = zk.port();
         Linked::through_proxies(Servers::ZooKeeper(zk), &[port], |b, hosts| {
             b.zookeeper(hosts[0].clone()).session_timeout(ZK_SESSION)
+        })
+        .await
+    }
+
+    /// A Redis Cluster (three masters, three replicas), every node through its own proxy: the
+    /// nodes announce the proxies' ports, so the runtime reaches every node through them
+    /// (the cluster bus between nodes stays direct).
+    async fn cluster() -> Linked {
+        let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+            .await
+            .expect("start the cluster");
+        let ports: Vec<u16> = (0..cluster.len()).map(|i| cluster.port(i)).collect();
+        let proxies: Vec<FaultProxy> = ports.iter().map(|&p| FaultProxy::to_port(p)).collect();
+        let announced: Vec<u16> = proxies.iter().map(FaultProxy::port).collect();
+        let cluster = tokio::task::spawn_blocking(move || {
+            cluster.announce_ports(&announced);
+            cluster
+        })
+        .await
+        .expect("announce the proxies");
+        Linked::over(Servers::Cluster(cluster), proxies, |b, hosts| {
+            b.redis_cluster(hosts.iter().map(|h| format!("redis://{h}")))
         })
         .await
     }
@@ -352,6 +388,8 @@ macro_rules! black_hole_suite {
 const LEASE: Duration = Duration::from_secs(3);
 
 black_hole_suite!(redis, Linked::redis(), lost: (LEASE, LEASE + SLACK));
+// Every node's link black-holed at once (the cluster bus stays up: no failover).
+black_hole_suite!(cluster, Linked::cluster(), lost: (LEASE, LEASE + SLACK));
 // A majority of nodes silent: no renewal reaches a quorum.
 black_hole_suite!(redlock_majority, Linked::redlock_majority(), lost: (LEASE, LEASE + SLACK));
 // A renewed lock lives on the runtime's shared lease: TTL max(4 timeouts, 5 s).

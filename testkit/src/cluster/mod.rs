@@ -258,6 +258,46 @@ impl RedisCluster {
             .unwrap_or_default()
     }
 
+    /// Has node `i` announce `ports[i]` as its client port (`cluster-announce-port`; its bus
+    /// port stays its own), so that clients, which learn every node's address from the
+    /// cluster, reach it there (a [`FaultProxy`](crate::FaultProxy) in front of it, say).
+    /// Replicas then replicate through it too. Returns once every node's `CLUSTER SLOTS`
+    /// names only those ports; panics after 30 s.
+    pub fn announce_ports(&self, ports: &[u16]) {
+        assert_eq!(ports.len(), self.len(), "one port per node");
+        for (i, port) in ports.iter().enumerate() {
+            let bus = self.nodes[i].bus_port;
+            for (name, value) in [
+                ("cluster-announce-port", *port),
+                ("cluster-announce-bus-port", bus),
+            ] {
+                let () = self.admin(i, redis::cmd("CONFIG").arg("SET").arg(name).arg(value));
+            }
+        }
+        let wanted: std::collections::BTreeSet<i64> = ports.iter().map(|&p| i64::from(p)).collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let seen: Vec<std::collections::BTreeSet<i64>> = (0..self.len())
+                .map(|i| {
+                    let slots: redis::Value =
+                        self.admin(i, &redis::cmd("CLUSTER").arg("SLOTS").clone());
+                    slot_ports(&slots)
+                })
+                .collect();
+            if seen
+                .iter()
+                .all(|ports| ports.is_subset(&wanted) && !ports.is_empty())
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the nodes still announce other ports after 30 s: {seen:?}, wanted {wanted:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The client port of node `i`.
     pub fn port(&self, i: usize) -> u16 {
         self.nodes[i].port
@@ -463,4 +503,23 @@ fn start_node(i: usize, password: Option<&str>) -> Node {
         stopped: None,
         _dir: dir,
     }
+}
+
+/// The client ports a `CLUSTER SLOTS` answer names (masters and replicas of every range).
+fn slot_ports(slots: &redis::Value) -> std::collections::BTreeSet<i64> {
+    let mut ports = std::collections::BTreeSet::new();
+    if let redis::Value::Array(ranges) = slots {
+        for range in ranges {
+            if let redis::Value::Array(fields) = range {
+                for node in fields.iter().skip(2) {
+                    if let redis::Value::Array(node) = node
+                        && let Some(redis::Value::Int(port)) = node.get(1)
+                    {
+                        ports.insert(*port);
+                    }
+                }
+            }
+        }
+    }
+    ports
 }
