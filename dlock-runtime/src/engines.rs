@@ -4,8 +4,6 @@
 
 use crate::backend::EngineConfig;
 use crate::backend::url::EngineUrl;
-#[cfg(not(all(feature = "etcd", feature = "zookeeper")))]
-use crate::backend::url::redact;
 use crate::error::LockError;
 
 /// How a parsed URL configures an engine.
@@ -153,11 +151,7 @@ pub(crate) fn etcd(endpoints: Vec<String>) -> Result<Box<dyn EngineConfig>, Lock
         "etcd",
         format!(
             "etcd ({})",
-            endpoints
-                .iter()
-                .map(|e| redact(e))
-                .collect::<Vec<_>>()
-                .join(",")
+            crate::backend::url::redact_each(&endpoints).join(",")
         ),
         {
             Ok(Box::new(crate::backend::etcd::config::EtcdConfig::new(
@@ -170,11 +164,15 @@ pub(crate) fn etcd(endpoints: Vec<String>) -> Result<Box<dyn EngineConfig>, Lock
 /// ZooKeeper, `host:port,host:port[/chroot]`.
 #[cfg_attr(not(feature = "zookeeper"), allow(unused_variables))]
 pub(crate) fn zookeeper(connect: String) -> Result<Box<dyn EngineConfig>, LockError> {
-    with_feature!("zookeeper", format!("zk://{}", redact(&connect)), {
-        Ok(Box::new(
-            crate::backend::zookeeper::config::ZooKeeperConfig::new(connect),
-        ))
-    })
+    with_feature!(
+        "zookeeper",
+        format!("zk://{}", crate::backend::url::redact(&connect)),
+        {
+            Ok(Box::new(
+                crate::backend::zookeeper::config::ZooKeeperConfig::new(connect),
+            ))
+        }
+    )
 }
 
 #[cfg(test)]

@@ -293,6 +293,11 @@ pub(crate) fn redact(url: &str) -> String {
     out
 }
 
+/// [`redact`] of each of `urls` (the endpoints of an engine that takes several).
+pub(crate) fn redact_each(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|url| redact(url)).collect()
+}
+
 /// `name=***` when `name` is a secret option, else `pair` as written.
 pub(crate) fn redact_pair(pair: &str) -> String {
     let (name, _) = split_pair(pair);

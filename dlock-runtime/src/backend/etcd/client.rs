@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::backend::Context;
 use crate::backend::io_thread::IoThread;
-use crate::backend::url::redact;
+use crate::backend::url::redact_each;
 use crate::error::LockError;
 
 /// The cluster's client, with what every request needs.
@@ -58,11 +58,7 @@ impl Etcd {
             .with_keep_alive(timeout, timeout)
             .with_keep_alive_while_idle(true);
         // Messages show the endpoints with their credentials hidden.
-        let joined = endpoints
-            .iter()
-            .map(|e| redact(e))
-            .collect::<Vec<_>>()
-            .join(",");
+        let joined = redact_each(endpoints).join(",");
         // The client's connection tasks live on a thread of the backend's own (see
         // `io_thread.rs`): a holder blocking its thread must not hold them up.
         let io = IoThread::start("dlock-etcd")?;

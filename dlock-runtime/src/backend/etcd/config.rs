@@ -5,7 +5,7 @@
 use std::fmt;
 
 use super::EtcdBackend;
-use crate::backend::url::{EngineUrl, redact};
+use crate::backend::url::{EngineUrl, redact_each};
 use crate::backend::{Connecting, Context, DynBackend, EngineConfig};
 use crate::error::LockError;
 
@@ -16,9 +16,8 @@ pub(crate) struct EtcdConfig {
 
 impl fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let endpoints: Vec<String> = self.endpoints.iter().map(|e| redact(e)).collect();
         f.debug_struct("EtcdConfig")
-            .field("endpoints", &endpoints)
+            .field("endpoints", &redact_each(&self.endpoints))
             .finish()
     }
 }
